@@ -1,0 +1,185 @@
+"""The vocab-parallel primitive: per-token cross-entropy and the ten digit logits in one pass.
+
+Works on a [N, V/tp] logits shard (rank r holds the contiguous ids [r * V/tp, (r + 1) * V/tp)),
+with the same passes over the shard as Megatron-Core's `vocab_parallel_cross_entropy`:
+MAX all-reduce of the row maxima, then ONE SUM all-reduce of a small [N, 12] buffer carrying the
+sum of exponentials, the target logit and the ten digit logits. The backward pass needs no
+collective: it writes `softmax - onehot` into the saved softmax and adds the digit gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .vocab import NUM_DIGITS, DigitVocab
+
+ProcessGroup = Optional["dist.ProcessGroup"]
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """Where this rank's logits columns sit in the full vocabulary."""
+
+    group: ProcessGroup
+    rank: int
+    world_size: int
+    local_size: int
+
+    @property
+    def start(self) -> int:
+        return self.rank * self.local_size
+
+    @property
+    def end(self) -> int:
+        return self.start + self.local_size
+
+    @property
+    def full_size(self) -> int:
+        return self.world_size * self.local_size
+
+    @classmethod
+    def of(cls, local_size: int, group: ProcessGroup) -> VocabShard:
+        if group is None:
+            return cls(None, 0, 1, local_size)
+        return cls(group, dist.get_rank(group), dist.get_world_size(group), local_size)
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> None:
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=op, group=self.group)
+
+
+def _digit_columns(vocab: DigitVocab, shard: VocabShard, device: torch.device):
+    """Local column of each digit id (clamped into the shard) [10] and whether this rank owns it."""
+    ids = torch.tensor(vocab.digit_ids, device=device)
+    owned = (ids >= shard.start) & (ids < shard.end)
+    return torch.where(owned, ids - shard.start, 0), owned
+
+
+def _check_shard_sizes(maxima: torch.Tensor, shard: VocabShard) -> None:
+    """The MAX all-reduce also carried +-local_size (its last two entries): all ranks see the same
+    verdict, so all of them raise together and no collective is left waiting."""
+    largest, neg_smallest = maxima[-2].item(), maxima[-1].item()
+    if largest != -neg_smallest:
+        raise ValueError(
+            f"tensor-parallel logits shards disagree in size (between {int(-neg_smallest)} and "
+            f"{int(largest)} columns; this rank has {shard.local_size}): every rank must hold an "
+            "equal contiguous vocab shard, as Megatron's ColumnParallelLinear output layer gives "
+            "(pad the vocab to a multiple of the tensor-parallel size)"
+        )
+
+
+def _check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: int) -> None:
+    bad = valid & ((target < 0) | (target >= full_size))
+    if bool(bad.any()):
+        values = target[bad]
+        raise ValueError(
+            f"labels hold ids outside the vocabulary of {full_size} ids (min {int(values.min())}, "
+            f"max {int(values.max())}); mark ignored positions with ignore_index, or check that "
+            "the logits are the whole vocab (tp_group=None) or this rank's shard of it"
+        )
+
+
+class DigitCrossEntropy(torch.autograd.Function):
+    """(logits [N, V/tp], target [N]) -> (ce [N], digit_logits [N, 10]).
+
+    ce is 0 on rows whose target is ignore_index (and so is their gradient). Computation is fp32
+    (fp64 for fp64 logits). Unless `inplace`, fp32/fp64 logits are copied once; bf16/fp16 logits
+    always are (the copy becomes the saved softmax, as in Megatron). Backward overwrites the
+    saved softmax with the gradient, so it runs once (fp64 excepted).
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        vocab: DigitVocab,
+        shard: VocabShard,
+        ignore_index: int,
+        inplace: bool,
+        validate: bool,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        columns, owned = _digit_columns(vocab, shard, logits.device)
+        digit_logits = torch.where(owned, logits[:, columns].to(compute_dtype), 0.0)
+
+        if logits.dtype == compute_dtype:
+            work = logits if inplace else logits.clone()
+        else:
+            work = logits.to(compute_dtype)
+
+        # [N + 2]: row maxima, then +-local size for the shard-size check.
+        maxima = torch.empty(work.size(0) + 2, dtype=compute_dtype, device=work.device)
+        torch.amax(work, dim=-1, out=maxima[:-2])
+        maxima[-2] = shard.local_size
+        maxima[-1] = -shard.local_size
+        shard.all_reduce(maxima, dist.ReduceOp.MAX)
+        row_max = maxima[:-2]
+        valid = target != ignore_index
+        if validate:
+            if shard.world_size > 1:
+                _check_shard_sizes(maxima, shard)
+            _check_labels_in_vocab(target, valid, shard.full_size)
+
+        work.sub_(row_max.unsqueeze(-1))
+        in_shard = valid & (target >= shard.start) & (target < shard.end)
+        local_target = torch.where(in_shard, target - shard.start, 0)
+
+        # [N, 12]: sum of exp | shifted target logit | ten raw digit logits, one SUM all-reduce.
+        packed = torch.empty(work.size(0), 2 + NUM_DIGITS, dtype=compute_dtype, device=work.device)
+        target_logit = work.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
+        packed[:, 1] = torch.where(in_shard, target_logit, 0.0)
+        packed[:, 2:] = digit_logits
+        work.exp_()
+        torch.sum(work, dim=-1, out=packed[:, 0])
+        shard.all_reduce(packed, dist.ReduceOp.SUM)
+        sum_exp, target_logit, digit_logits = packed[:, 0], packed[:, 1], packed[:, 2:]
+
+        ce = torch.where(valid, torch.log(sum_exp) - target_logit, 0.0)
+        softmax = work.div_(sum_exp.unsqueeze(-1))
+
+        ctx.save_for_backward(softmax, local_target, in_shard, valid, columns, owned)
+        ctx.set_materialize_grads(False)
+        ctx.input_dtype = logits.dtype
+        return ce, digit_logits.contiguous()
+
+    @staticmethod
+    def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
+        softmax, local_target, in_shard, valid, columns, owned = ctx.saved_tensors
+        # Reused in place as Megatron does; fp64 (a checking dtype) keeps it so that backward can
+        # run more than once (gradcheck).
+        grad = softmax.clone() if softmax.dtype == torch.float64 else softmax
+        if grad_ce is None:
+            grad.zero_()
+        else:
+            onehot = in_shard.to(grad.dtype).unsqueeze(-1)
+            grad.scatter_add_(-1, local_target.unsqueeze(-1), -onehot)
+            grad.mul_(torch.where(valid, grad_ce, 0.0).to(grad.dtype).unsqueeze(-1))
+        if grad_digits is not None:
+            local = torch.where(owned, grad_digits.to(grad.dtype), 0.0)
+            grad.scatter_add_(-1, columns.expand_as(local), local)
+        return grad, None, None, None, None, None, None
+
+
+def digit_cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    vocab: DigitVocab,
+    tp_group: ProcessGroup = None,
+    ignore_index: int = -100,
+    inplace: bool = False,
+    validate: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-token CE [N] and digit logits [N, 10] from logits [N, V/tp] and targets [N] (int64).
+
+    `tp_group=None`: `logits` hold the whole vocab. `inplace=True` lets fp32 logits be overwritten
+    (with the softmax, then the gradient) to save one [N, V/tp] buffer. `validate` checks labels
+    against the vocab (one host sync) and that shard sizes agree.
+    """
+    shard = VocabShard.of(logits.size(-1), tp_group)
+    vocab.check_vocab_size(shard.full_size)
+    return DigitCrossEntropy.apply(logits, target, vocab, shard, ignore_index, inplace, validate)

@@ -1,0 +1,27 @@
+"""del-megatron: Digit Entropy Loss for Megatron-Core, vocab-parallel."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="del-megatron",
+    version="0.1.0",
+    description="Digit Entropy Loss (DEL) and digit-aware peer losses for Megatron-Core pretraining",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["del_megatron", "del_megatron.*"]),
+    python_requires=">=3.10,<3.13",
+    # torch is not pinned here: NGC images bring their own CUDA build, and a bare `torch`
+    # requirement on a fresh machine pulls a multi-GB CUDA wheel. The CPU pins live in
+    # tests/requirements-cpu.txt, installed by tests/run.sh.
+    install_requires=["torch>=2.1"],
+    extras_require={
+        "megatron": ["megatron-core>=0.13"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "numpy"],
+        "gpu": ["transformer-engine[pytorch]"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+    ],
+)

@@ -1,0 +1,42 @@
+"""Run a test body on several real processes joined by a gloo process group."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, megatron_tp: int, fn: Callable, args: tuple):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        if megatron_tp:
+            from megatron.core import parallel_state
+
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=megatron_tp)
+        fn(*args)
+    finally:
+        if megatron_tp:
+            from megatron.core import parallel_state
+
+            parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, megatron_tp: int = 0):
+    """Call fn(*args) on `world_size` spawned processes (gloo). With megatron_tp, Megatron-Core's
+    parallel_state is initialised with that tensor-parallel size first. A failing rank fails the
+    caller with its traceback."""
+    mp.spawn(_entry, args=(world_size, free_port(), megatron_tp, fn, args), nprocs=world_size)
