@@ -144,7 +144,7 @@ def numerical_lm_loss(
     if return_parts:
         return LossParts(ce=ce, term=term, is_digit=layout.is_digit)
     if cfg.reduction == "digit":
-        n_tokens = (labels != cfg.ignore_index).sum()
-        n_digits = layout.is_digit.sum().clamp(min=1)
-        term = term * (n_tokens / n_digits).to(term.dtype)
+        n_tokens = (labels != cfg.ignore_index).sum().to(term.dtype)
+        n_digits = layout.is_digit.sum().clamp(min=1).to(term.dtype)
+        term = term * (n_tokens / n_digits)
     return ce + cfg.alpha * term

@@ -96,7 +96,8 @@ def del_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> tor
     """DEL place weights [b, s]: 2k for the k-th integer place, 1.02^-(d+1) for the d-th
     fractional place, 0 for decimal points and non-digit positions."""
     integer = 2.0 * layout.int_place.to(dtype)
-    fraction = torch.pow(FRACTION_DECAY, -(layout.frac_place.to(dtype) + 1.0))
+    # float64 then rounded once, so every weight is the correctly rounded 1.02^-(d+1).
+    fraction = torch.pow(FRACTION_DECAY, -(layout.frac_place.double() + 1.0)).to(dtype)
     weights = torch.where(layout.int_place > 0, integer, fraction)
     return torch.where(layout.is_digit, weights, 0.0)
 

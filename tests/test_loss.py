@@ -1,0 +1,231 @@
+"""numerical_lm_loss on one device: hand-computed values, gradcheck, reductions, bad input."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import del_megatron as dm
+from del_megatron.reference import reference_lm_loss
+
+from .cases import IGNORE, SPLIT_VOCAB, logits_for, number_rich_labels
+
+VOCAB = dm.DigitVocab(digit_ids=range(10), decimal_point_ids=[10])  # ids 0..9 are the digits
+V = 16
+
+
+def one_token(digit_logits, target, vocab_size=V):
+    """logits [1, 1, V] with the given ten digit logits (others -30), labels [1, 1]."""
+    logits = torch.full((1, 1, vocab_size), -30.0, dtype=torch.float64)
+    logits[0, 0, :10] = torch.tensor(digit_logits, dtype=torch.float64)
+    return torch.tensor([[target]]), logits
+
+
+def test_hand_computed_del_value():
+    # z = (2, 0, ..., 0), target digit 0, a lone units digit (w = 2):
+    # p0 = e^2 / (e^2 + 9), p_k = 1 / (e^2 + 9); -log s(2) = log(1 + e^-2); -log(1 - s(0)) = log 2
+    # l = (1/10) (p0 log(1 + e^-2) + 9 p_k log 2) = 0.0437866, term = 2 l
+    p0 = math.exp(2) / (math.exp(2) + 9)
+    pk = 1 / (math.exp(2) + 9)
+    l_t = (p0 * math.log1p(math.exp(-2)) + 9 * pk * math.log(2)) / 10
+    assert l_t == pytest.approx(0.04378655, abs=1e-8)
+    labels, logits = one_token([2.0] + [0.0] * 9, 0)
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.1, vocab=VOCAB)
+    parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
+    assert parts.term.item() == pytest.approx(2 * l_t, rel=1e-12)
+    ce = -F.log_softmax(logits[0, 0], dim=-1)[0].item()
+    total = dm.numerical_lm_loss(labels, logits, cfg)
+    assert total.item() == pytest.approx(ce + 0.1 * 2 * l_t, rel=1e-12)
+
+
+def test_hand_computed_uniform_digits():
+    # All ten digit logits 0: p = 0.1, every BCE = log 2, so l = log(2) / 10; tens place w = 4.
+    labels = torch.tensor([[3, 7]])
+    logits = torch.zeros(2, 1, V, dtype=torch.float64)
+    cfg = dm.NumericalLossConfig(loss="del", vocab=VOCAB)
+    term = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True).term
+    assert term[0].tolist() == pytest.approx([4 * math.log(2) / 10, 2 * math.log(2) / 10])
+
+
+def test_hand_computed_peer_heads():
+    labels, logits = one_token([0.0] * 10, 3)
+    parts = {
+        loss: dm.numerical_lm_loss(
+            labels, logits, dm.NumericalLossConfig(loss=loss, vocab=VOCAB), return_parts=True
+        ).term.item()
+        for loss in ("ntl_was", "ntl_mse")
+    }
+    # uniform p: E|k - 3| = (3+2+1+0+1+2+3+4+5+6)/10 = 2.7; (E k - 3)^2 = (4.5 - 3)^2 = 2.25
+    assert parts["ntl_was"] == pytest.approx(2.7)
+    assert parts["ntl_mse"] == pytest.approx(2.25)
+
+
+@pytest.mark.parametrize("loss", ["ce", "del", "ntl_was", "ntl_mse", "dist2"])
+def test_gradcheck_float64(loss):
+    labels = number_rich_labels(2, 9, seed=3)
+    logits = logits_for(9, 2, 64, seed=3).requires_grad_(True)
+    cfg = dm.NumericalLossConfig(loss=loss, alpha=0.9, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    assert torch.autograd.gradcheck(lambda x: dm.numerical_lm_loss(labels, x, cfg), (logits,))
+    digit_cfg = dm.NumericalLossConfig(
+        loss=loss, alpha=0.9, vocab=SPLIT_VOCAB, ignore_index=IGNORE, reduction="digit"
+    )
+    assert torch.autograd.gradcheck(lambda x: dm.numerical_lm_loss(labels, x, digit_cfg), (logits,))
+
+
+def test_digit_reduction_is_the_spec_formula():
+    labels = number_rich_labels(3, 21, seed=5)
+    logits = logits_for(21, 3, 64, seed=5)
+    alpha = 0.3
+    ce, term = reference_lm_loss(labels, logits, SPLIT_VOCAB, loss="del", ignore_index=IGNORE)
+    valid = labels != IGNORE
+    is_digit = torch.isin(labels, torch.tensor(SPLIT_VOCAB.digit_ids))
+    spec = ce[valid].mean() + alpha * term[is_digit].sum() / is_digit.sum()
+    cfg = dm.NumericalLossConfig(
+        loss="del", alpha=alpha, vocab=SPLIT_VOCAB, reduction="digit", ignore_index=IGNORE
+    )
+    per_token = dm.numerical_lm_loss(labels, logits, cfg)
+    assert per_token[valid].mean().item() == pytest.approx(spec.item(), rel=1e-12)
+    parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
+    m = valid.double()
+    composed = (parts.ce * m).sum() / m.sum() + alpha * (parts.term * m).sum() / (
+        parts.is_digit * m
+    ).sum()
+    assert composed.item() == pytest.approx(spec.item(), rel=1e-12)
+
+
+def test_reference_compat_switch_changes_the_loss_only_across_ignored_spans():
+    labels = torch.tensor([[1, 2, IGNORE, 3, 4]])
+    logits = logits_for(5, 1, V, seed=1)
+    fixed = reference_lm_loss(labels, logits, VOCAB, ignore_index=IGNORE)[1]
+    joined = reference_lm_loss(
+        labels, logits, VOCAB, ignore_index=IGNORE, join_across_ignored=True
+    )[1]
+    ours = dm.numerical_lm_loss(
+        labels, logits, dm.NumericalLossConfig(vocab=VOCAB), return_parts=True
+    ).term
+    torch.testing.assert_close(ours, fixed)
+    # joined, "1" is the thousands digit of 1234 (w = 8) instead of the tens of 12 (w = 4)
+    assert (joined[0, 0] / fixed[0, 0]).item() == pytest.approx(2.0)
+
+
+def test_ignored_positions_have_zero_loss_and_zero_grad():
+    labels = torch.tensor([[IGNORE, 4, IGNORE], [IGNORE, IGNORE, IGNORE]])
+    logits = logits_for(3, 2, V, seed=2).float().requires_grad_(True)
+    loss = dm.numerical_lm_loss(labels, logits, dm.NumericalLossConfig(vocab=VOCAB))
+    loss.sum().backward()
+    ignored = labels == IGNORE
+    assert torch.all(loss[ignored] == 0) and torch.all(loss[~ignored] > 0)
+    assert torch.all(logits.grad.transpose(0, 1)[ignored] == 0)
+
+
+def test_non_finite_logits_are_reported_not_hidden():
+    labels = torch.tensor([[4, 12]])
+    logits = logits_for(2, 1, V, seed=2).float()
+    logits[1, 0, 5] = float("nan")
+    loss = dm.numerical_lm_loss(labels, logits, dm.NumericalLossConfig(vocab=VOCAB))
+    assert torch.isfinite(loss[0, 0]) and torch.isnan(loss[0, 1])
+
+
+def test_caller_logits_untouched_for_every_dtype():
+    labels = torch.tensor([[4, 12, 3]])
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        logits = logits_for(3, 1, V, seed=4).to(dtype).requires_grad_(True)
+        before = logits.detach().clone()
+        dm.numerical_lm_loss(labels, logits, dm.NumericalLossConfig(vocab=VOCAB)).sum().backward()
+        assert torch.equal(logits.detach(), before), dtype
+        assert logits.grad.dtype == dtype
+
+
+def test_output_dtype_and_shape():
+    labels = torch.tensor([[4, 12, 3]])
+    for dtype, out in ((torch.bfloat16, torch.float32), (torch.float64, torch.float64)):
+        loss = dm.numerical_lm_loss(
+            labels, logits_for(3, 1, V, seed=4).to(dtype), dm.NumericalLossConfig(vocab=VOCAB)
+        )
+        assert loss.shape == (1, 3) and loss.dtype == out
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+def call(labels, logits, **cfg):
+    return dm.numerical_lm_loss(labels, logits, dm.NumericalLossConfig(vocab=VOCAB, **cfg))
+
+
+@pytest.mark.parametrize(
+    "labels,logits,error,match",
+    [
+        (torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 2 * V), ValueError, r"\[seq, batch"),
+        (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, V), ValueError, r"\[batch, seq\]"),
+        (torch.zeros(3, dtype=torch.long), torch.zeros(3, 1, V), ValueError, r"\[batch, seq\]"),
+        (
+            torch.zeros(1, 3, dtype=torch.long),
+            torch.zeros(3, 1, V, dtype=torch.long),
+            TypeError,
+            "floating point",
+        ),
+        (torch.zeros(1, 3), torch.zeros(3, 1, V), TypeError, "integer tensor"),
+        (torch.full((1, 3), V), torch.zeros(3, 1, V), ValueError, "outside the vocabulary of 16"),
+        (torch.full((1, 3), -5), torch.zeros(3, 1, V), ValueError, "outside the vocabulary"),
+        (
+            torch.zeros(1, 3, dtype=torch.long),
+            torch.zeros(3, 1, 8),
+            ValueError,
+            r"DigitVocab ids \[8, 9, 10\] lie outside",
+        ),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_error(labels, logits, error, match):
+    with pytest.raises(error, match=match):
+        call(labels, logits)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(digit_ids=range(9)), ValueError, "exactly 10 ids"),
+        (dict(digit_ids=[0] * 10), ValueError, "distinct"),
+        (dict(digit_ids=range(-1, 9)), ValueError, "non-negative"),
+        (dict(digit_ids=range(10), decimal_point_ids=[3]), ValueError, "both as digits"),
+        (dict(digit_ids=range(10), decimal_point_ids=[11, 11]), ValueError, "distinct"),
+        (dict(digit_ids=[0.5] * 10), TypeError, "integer token ids"),
+        (dict(digit_ids=[True] * 10), TypeError, "integer token ids"),
+    ],
+)
+def test_digit_vocab_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        dm.DigitVocab(**kwargs)
+
+
+def test_digit_vocab_accepts_tensor_and_numpy_ids():
+    import numpy as np
+
+    assert dm.DigitVocab(torch.arange(10)).digit_ids == tuple(range(10))
+    assert dm.DigitVocab(np.arange(5, 15), [np.int64(1)]).decimal_point_ids == (1,)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(loss="mse"), ValueError, "loss must be one of"),
+        (dict(reduction="mean"), ValueError, "reduction must be one of"),
+        (dict(loss="del", vocab=None), ValueError, "needs vocab"),
+        (dict(vocab=list(range(10))), TypeError, "DigitVocab"),
+        (dict(alpha="0.1"), TypeError, "alpha"),
+    ],
+)
+def test_config_validation(kwargs, error, match):
+    base = dict(vocab=VOCAB)
+    base.update(kwargs)
+    with pytest.raises(error, match=match):
+        dm.NumericalLossConfig(**base)
+
+
+def test_ce_needs_no_vocab():
+    labels = torch.tensor([[1, 2]])
+    logits = logits_for(2, 1, V, seed=0)
+    loss = dm.numerical_lm_loss(labels, logits, dm.NumericalLossConfig(loss="ce"))
+    torch.testing.assert_close(
+        loss, F.cross_entropy(logits.permute(1, 2, 0), labels, reduction="none")
+    )
