@@ -183,7 +183,41 @@ def check_label_outside_full_vocab() -> None:
         raise AssertionError("a label outside the vocab was not refused")
 
 
+class _ShardOfReplicated(torch.autograd.Function):
+    """Forward: this rank's vocab shard of a tensor every rank holds whole. Backward: the whole
+    gradient, all-gathered from the shards (Megatron's scatter-to-TP-region, on CPU)."""
+
+    @staticmethod
+    def forward(ctx, full):
+        return _shard(full).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        pieces = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, grad.contiguous())
+        return torch.cat(pieces, dim=-1)
+
+
+def check_gradcheck_float64(seed: int) -> None:
+    """fp64 gradcheck of every loss through the real collectives: every rank holds the same whole
+    logits and perturbs them in lockstep, so the checked Jacobian is the whole one."""
+    labels = number_rich_labels(2, 4, seed)
+    full = logits_for(4, 2, PADDED_VOCAB_SIZE, seed).requires_grad_(True)
+    for loss in LOSSES:
+        for reduction in ("token", "digit"):
+            cfg = dm.NumericalLossConfig(
+                loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction=reduction
+            )
+
+            def fn(x, cfg=cfg):
+                shard = _ShardOfReplicated.apply(x)
+                return dm.numerical_lm_loss(labels, shard, cfg, tp_group=dist.group.WORLD)
+
+            assert torch.autograd.gradcheck(fn, (full,), fast_mode=True), (loss, reduction)
+
+
 def run_all(seed: int) -> None:
+    check_gradcheck_float64(seed)
     check_heads_match_reference(seed)
     check_half_precision(seed)
     check_huge_logits(seed)
