@@ -97,21 +97,23 @@ def _place_weights(loss: str, layout: NumberLayout, dtype: torch.dtype) -> torch
     return layout.is_digit.to(dtype)
 
 
-def numerical_lm_loss(
+class LossPieces(NamedTuple):
+    """LossParts plus, for telemetry, digit logits fp32 [b, s, 10] and target digits [b, s]."""
+
+    ce: torch.Tensor
+    term: torch.Tensor
+    is_digit: torch.Tensor
+    digit_logits: torch.Tensor
+    digit: torch.Tensor
+
+
+def loss_pieces(
     labels: torch.Tensor,
     logits: torch.Tensor,
     cfg: NumericalLossConfig,
     tp_group: ProcessGroup = None,
-    return_parts: bool = False,
-) -> Union[torch.Tensor, LossParts]:
-    """Cross-entropy plus a digit-aware term, per token.
-
-    labels [b, s] int64; logits [s, b, V_local] (whole vocab when tp_group is None, else this
-    rank's contiguous shard). Returns fp32 [b, s] (fp64 for fp64 logits), 0 where labels ==
-    ignore_index. "token" reduction: CE_t + alpha * term_t. "digit" reduction: CE_t + alpha *
-    term_t * n_tokens / n_digits, so that the mean over non-ignored tokens is the spec's
-    per-micro-batch digit reduction. With return_parts, a LossParts of [b, s] tensors instead.
-    """
+) -> LossPieces:
+    """Everything numerical_lm_loss composes its result from; see there for shapes."""
     if not isinstance(cfg, NumericalLossConfig):
         raise TypeError(f"cfg must be a NumericalLossConfig, got {type(cfg).__name__}")
     _check_inputs(labels, logits)
@@ -129,22 +131,42 @@ def numerical_lm_loss(
         validate=cfg.validate,
     )
     ce = ce.view(s, b).transpose(0, 1)
-
-    if cfg.loss == "ce" and not return_parts:
-        return ce
+    digit_logits = digit_logits.view(s, b, -1).transpose(0, 1)
     layout = number_layout(labels, vocab, cfg.ignore_index)
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
     else:
-        is_digit = layout.is_digit.transpose(0, 1).reshape(-1)
-        z = torch.where(is_digit.unsqueeze(-1), digit_logits, 0.0)  # no NaN/inf from other rows
-        g = layout.digit.transpose(0, 1).reshape(-1)
-        w = _place_weights(cfg.loss, layout, z.dtype).transpose(0, 1).reshape(-1)
-        term = HEADS[cfg.loss](z, g, w).view(s, b).transpose(0, 1)
+        # Rows that are not digit targets see zeros: no NaN/inf of theirs reaches the term.
+        z = torch.where(layout.is_digit.unsqueeze(-1), digit_logits, 0.0)
+        w = _place_weights(cfg.loss, layout, z.dtype)
+        term = HEADS[cfg.loss](z.reshape(-1, z.size(-1)), layout.digit.reshape(-1), w.reshape(-1))
+        term = term.view(b, s)
+    return LossPieces(ce, term, layout.is_digit, digit_logits, layout.digit)
+
+
+def numerical_lm_loss(
+    labels: torch.Tensor,
+    logits: torch.Tensor,
+    cfg: NumericalLossConfig,
+    tp_group: ProcessGroup = None,
+    return_parts: bool = False,
+) -> Union[torch.Tensor, LossParts]:
+    """Cross-entropy plus a digit-aware term, per token.
+
+    labels [b, s] int64; logits [s, b, V_local] (whole vocab when tp_group is None, else this
+    rank's contiguous shard). Returns fp32 [b, s] (fp64 for fp64 logits), 0 where labels ==
+    ignore_index. "token" reduction: CE_t + alpha * term_t. "digit" reduction: CE_t + alpha *
+    term_t * n_tokens / n_digits, so that the mean over non-ignored tokens is the spec's
+    per-micro-batch digit reduction. With return_parts, a LossParts of [b, s] tensors instead.
+    """
+    pieces = loss_pieces(labels, logits, cfg, tp_group)
     if return_parts:
-        return LossParts(ce=ce, term=term, is_digit=layout.is_digit)
+        return LossParts(ce=pieces.ce, term=pieces.term, is_digit=pieces.is_digit)
+    if cfg.loss == "ce":
+        return pieces.ce
+    term = pieces.term
     if cfg.reduction == "digit":
         n_tokens = (labels != cfg.ignore_index).sum().to(term.dtype)
-        n_digits = layout.is_digit.sum().clamp(min=1).to(term.dtype)
+        n_digits = pieces.is_digit.sum().clamp(min=1).to(term.dtype)
         term = term * (n_tokens / n_digits)
-    return ce + cfg.alpha * term
+    return pieces.ce + cfg.alpha * term

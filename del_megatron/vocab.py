@@ -59,6 +59,14 @@ class DigitVocab:
         object.__setattr__(self, "digit_ids", digits)
         object.__setattr__(self, "decimal_point_ids", points)
 
+    @classmethod
+    def from_tokenizer(cls, tok, allow_multi_digit_tokens: bool = False) -> DigitVocab:
+        """Digit and '.' ids of a SentencePiece, Hugging Face, tiktoken or Megatron tokenizer,
+        checked to split numbers one digit per token (see del_megatron.tokenizers)."""
+        from .tokenizers import digit_vocab_from_tokenizer
+
+        return digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens)
+
     @property
     def max_id(self) -> int:
         """Largest token id this vocab names."""

@@ -1,0 +1,98 @@
+"""Megatron-LM command-line flags for the numerical losses, and what they turn into."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Optional
+
+from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
+from ..vocab import DigitVocab
+from .hook import config_fields
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Megatron-LM extra-args provider: adds the del_megatron flags and returns the parser."""
+    group = parser.add_argument_group(title="numerical loss (del_megatron)")
+    group.add_argument(
+        "--numerical-loss",
+        choices=LOSSES,
+        default="ce",
+        help="loss added to cross-entropy on digit targets; 'ce' leaves Megatron's loss as is",
+    )
+    group.add_argument("--del-alpha", type=float, default=0.01, help="weight of the numerical term")
+    group.add_argument(
+        "--del-reduction",
+        choices=REDUCTIONS,
+        default="token",
+        help="'token': each token carries CE + alpha*term (exact across micro-batches); "
+        "'digit': the term is averaged over digit targets per micro-batch",
+    )
+    group.add_argument(
+        "--del-digit-token-ids",
+        type=int,
+        nargs=10,
+        default=None,
+        metavar="ID",
+        help="ids of the tokens '0'..'9' in order (default: read from the run's tokenizer)",
+    )
+    group.add_argument(
+        "--del-decimal-point-token-ids",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="ID",
+        help="ids of '.' tokens (default: read from the run's tokenizer)",
+    )
+    group.add_argument(
+        "--del-allow-multi-digit-tokens",
+        action="store_true",
+        help="accept a tokenizer that merges digits; DEL then acts on single-digit tokens only",
+    )
+    return parser
+
+
+def chain_extra_args(*providers: Optional[Callable]) -> Callable:
+    """One extra-args provider that runs `providers` in order (None entries skipped)."""
+
+    def provider(parser):
+        for extra in providers:
+            if extra is not None:
+                parser = extra(parser) or parser
+        return parser
+
+    return provider
+
+
+def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
+    """DigitVocab from the flags, or else from the run's tokenizer (None for loss 'ce')."""
+    if args.numerical_loss == "ce":
+        return None
+    if args.del_digit_token_ids is not None:
+        return DigitVocab(args.del_digit_token_ids, args.del_decimal_point_token_ids or ())
+    if tokenizer is None:
+        raise ValueError(
+            f"--numerical-loss {args.numerical_loss} needs digit token ids: give "
+            "--del-digit-token-ids (and --del-decimal-point-token-ids), or a tokenizer"
+        )
+    vocab = DigitVocab.from_tokenizer(tokenizer, args.del_allow_multi_digit_tokens)
+    if args.del_decimal_point_token_ids is not None:
+        vocab = DigitVocab(vocab.digit_ids, args.del_decimal_point_token_ids)
+    return vocab
+
+
+def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
+    """NumericalLossConfig from parsed Megatron-LM args. Call before training starts: a
+    tokenizer without single-digit tokens stops the run here with a clear message."""
+    vocab = digit_vocab_from_args(args, tokenizer)
+    vocab_size = getattr(args, "padded_vocab_size", None)
+    if vocab is not None and vocab_size is not None:
+        vocab.check_vocab_size(vocab_size)
+    return NumericalLossConfig(
+        loss=args.numerical_loss, alpha=args.del_alpha, vocab=vocab, reduction=args.del_reduction
+    )
+
+
+def set_config_fields(config, cfg: NumericalLossConfig) -> None:
+    """Copy `cfg` onto a TransformerConfig (Megatron copies args to it only by matching name)."""
+    for name, value in config_fields(cfg).items():
+        setattr(config, name, value)

@@ -1,0 +1,171 @@
+"""Route Megatron-Core's LanguageModule.compute_language_model_loss through numerical_lm_loss.
+
+GPTModel, its MTP head and hybrid models all compute their loss with that method (same signature
+from core 0.13 to main), so replacing it on the base class covers them, even in modules that
+imported GPTModel before register() ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..loss import NumericalLossConfig, loss_pieces
+from ..vocab import DigitVocab
+from . import telemetry
+
+logger = logging.getLogger("del_megatron")
+
+_MARKER = "_del_megatron_original"
+FUSION_IMPLS_REPLACED = ("native", "te")
+
+# Names of the TransformerConfig (or GPTModelProvider) fields that carry the settings when
+# register() is given no config; the same names as the Megatron-LM flags' dest.
+FIELD_LOSS = "numerical_loss"
+FIELD_ALPHA = "del_alpha"
+FIELD_REDUCTION = "del_reduction"
+FIELD_DIGITS = "del_digit_token_ids"
+FIELD_POINTS = "del_decimal_point_token_ids"
+
+_state = {"cfg": None, "logged_fusion": False}
+
+
+def _language_module():
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    return LanguageModule
+
+
+def config_fields(cfg: NumericalLossConfig) -> dict:
+    """The model-config fields that describe `cfg` (set them on TransformerConfig / providers)."""
+    vocab = cfg.vocab
+    return {
+        FIELD_LOSS: cfg.loss,
+        FIELD_ALPHA: cfg.alpha,
+        FIELD_REDUCTION: cfg.reduction,
+        FIELD_DIGITS: list(vocab.digit_ids) if vocab else None,
+        FIELD_POINTS: list(vocab.decimal_point_ids) if vocab else None,
+    }
+
+
+def cfg_from_model_config(config) -> Optional[NumericalLossConfig]:
+    """NumericalLossConfig from fields on a Megatron model config; None if it names no loss."""
+    loss = getattr(config, FIELD_LOSS, None)
+    if loss is None:
+        return None
+    digits = getattr(config, FIELD_DIGITS, None)
+    vocab = None
+    if digits is not None:
+        vocab = DigitVocab(digits, getattr(config, FIELD_POINTS, None) or ())
+    return NumericalLossConfig(
+        loss=loss,
+        alpha=getattr(config, FIELD_ALPHA, 0.01),
+        vocab=vocab,
+        reduction=getattr(config, FIELD_REDUCTION, "token"),
+    )
+
+
+def check_model_config(config) -> None:
+    """Refuse a fused cross-entropy that would bypass compute_language_model_loss."""
+    if not getattr(config, "cross_entropy_loss_fusion", False):
+        return
+    impl = getattr(config, "cross_entropy_fusion_impl", "native")
+    if impl not in FUSION_IMPLS_REPLACED:
+        raise ValueError(
+            f"cross_entropy_fusion_impl={impl!r} computes the loss without "
+            "LanguageModule.compute_language_model_loss, so del_megatron cannot apply the "
+            f"numerical loss there; use one of {FUSION_IMPLS_REPLACED} (del_megatron replaces "
+            "them with its own fused primitive) or set cross_entropy_loss_fusion=False"
+        )
+    if not _state["logged_fusion"]:
+        logger.warning(
+            "del_megatron: cross_entropy_loss_fusion (impl %r) is replaced by del_megatron's "
+            "vocab-parallel CE+digit primitive, which makes the same passes over the logits",
+            impl,
+        )
+        _state["logged_fusion"] = True
+
+
+def _tp_group(module, logits: torch.Tensor):
+    """The TP group the logits are sharded over, or None when they hold the whole vocab
+    (parallel_output=False, or runtime_gather_output: the output layer gathered them)."""
+    from megatron.core import parallel_state
+
+    pg_collection = getattr(module, "pg_collection", None)
+    group = getattr(module, "tp_group", None) or getattr(pg_collection, "tp", None)
+    group = group or parallel_state.get_tensor_model_parallel_group()
+    world = dist.get_world_size(group)
+    if world == 1:
+        return None
+    columns = logits.size(-1)
+    vocab_size = getattr(module, "vocab_size", None)
+    if vocab_size is None:
+        return group if getattr(module, "parallel_output", True) else None
+    if columns * world == vocab_size:
+        return group
+    if columns == vocab_size:
+        return None
+    raise ValueError(
+        f"logits have {columns} vocab columns, neither the model's vocab of {vocab_size} nor "
+        f"its 1/{world} tensor-parallel shard: they are not what the output layer gives"
+    )
+
+
+def _resolve_cfg(module) -> Optional[NumericalLossConfig]:
+    cfg = _state["cfg"]
+    if cfg is None:
+        cfg = cfg_from_model_config(module.config)
+    return cfg
+
+
+def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[b, s] per-token loss: CE + alpha * numerical term (spec/DEL.md "token" form)."""
+    cfg = _resolve_cfg(self)
+    original = getattr(_language_module(), _MARKER)
+    if cfg is None:
+        return original(self, labels, logits)
+    check_model_config(self.config)
+    if cfg.vocab is None and cfg.loss != "ce":
+        raise ValueError(
+            f"numerical loss {cfg.loss!r} has no digit ids: set {FIELD_DIGITS} on the model "
+            "config, or pass cfg=NumericalLossConfig(vocab=...) to register()"
+        )
+    # The "digit" reduction is applied by the loss_func wrapper, which has the loss mask; the
+    # model always returns the "token" form so that a plain Megatron loss_func stays correct.
+    pieces = loss_pieces(labels, logits, replace(cfg, reduction="token"), _tp_group(self, logits))
+    loss = pieces.ce + cfg.alpha * pieces.term
+    telemetry.record(loss, pieces, cfg)
+    return loss
+
+
+def register(cfg: Optional[NumericalLossConfig] = None) -> None:
+    """Route every LanguageModule's loss through del_megatron. Idempotent.
+
+    cfg=None reads the settings from each model's config fields (numerical_loss, del_alpha, ...);
+    a model whose config names no loss keeps Megatron's own loss.
+    """
+    if cfg is not None and not isinstance(cfg, NumericalLossConfig):
+        raise TypeError(f"cfg must be a NumericalLossConfig or None, got {type(cfg).__name__}")
+    module = _language_module()
+    if not hasattr(module, _MARKER):
+        setattr(module, _MARKER, module.compute_language_model_loss)
+        module.compute_language_model_loss = _compute_language_model_loss
+    _state["cfg"] = cfg
+
+
+def unregister() -> None:
+    """Restore Megatron's own compute_language_model_loss exactly. Idempotent."""
+    module = _language_module()
+    if hasattr(module, _MARKER):
+        module.compute_language_model_loss = getattr(module, _MARKER)
+        delattr(module, _MARKER)
+    _state["cfg"] = None
+    telemetry.clear()
+
+
+def is_registered() -> bool:
+    return hasattr(_language_module(), _MARKER)

@@ -1,0 +1,120 @@
+"""Find the digit and decimal-point token ids of a tokenizer, and check that it splits numbers
+into one digit per token (which DEL's place weights assume).
+
+Works by encoding probe strings and decoding each token back, through whichever interface the
+tokenizer has: tiktoken Encoding, Hugging Face `tokenizers`/`transformers`, SentencePiece, or
+Megatron's tokenizers (`tokenize`/`detokenize`). Token strings are never looked up directly: an
+unknown piece maps to <unk> silently in SentencePiece, and '0' alone often tokenizes as '_0'.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, List, Tuple
+
+from .vocab import DigitVocab
+
+logger = logging.getLogger("del_megatron")
+
+# Every digit appears in the middle of a number (the first token of a number may carry a word
+# boundary marker, e.g. SentencePiece's '_1'); the others check what a real number looks like.
+DIGITS_PROBE = "10123456789"
+NUMBER_PROBES = ("3.14159", "1234567", "x = 42.5")
+
+
+def _codec(tok: Any) -> Tuple[Callable[[str], List[int]], Callable[[int], str]]:
+    """(encode text -> ids without special tokens, decode one id -> text) for `tok`."""
+    if hasattr(tok, "encode_ordinary") and hasattr(tok, "decode_single_token_bytes"):  # tiktoken
+        return tok.encode_ordinary, lambda i: tok.decode_single_token_bytes(i).decode(
+            "utf-8", errors="replace"
+        )
+    if hasattr(tok, "get_vocab_size") and hasattr(tok, "encode") and hasattr(tok, "id_to_token"):
+        # Hugging Face `tokenizers.Tokenizer`
+        return (
+            lambda text: tok.encode(text, add_special_tokens=False).ids,
+            lambda i: tok.decode([i], skip_special_tokens=False),
+        )
+    if hasattr(tok, "piece_to_id") and hasattr(tok, "encode"):  # SentencePiece
+        return lambda text: list(tok.encode(text, out_type=int)), lambda i: tok.decode([i])
+    if hasattr(tok, "convert_tokens_to_ids") and hasattr(tok, "encode"):  # transformers
+        return (
+            lambda text: list(tok.encode(text, add_special_tokens=False)),
+            lambda i: tok.decode([i]),
+        )
+    if hasattr(tok, "tokenize") and hasattr(tok, "detokenize"):  # Megatron tokenizers
+        return lambda text: list(tok.tokenize(text)), lambda i: tok.detokenize([i])
+    raise TypeError(
+        f"cannot read digit ids from a {type(tok).__name__}: pass a SentencePiece processor, "
+        "a Hugging Face tokenizer, a tiktoken Encoding or a Megatron tokenizer, or give the ids "
+        "explicitly: DigitVocab(digit_ids=[...], decimal_point_ids=[...])"
+    )
+
+
+def _pieces(encode, decode, text: str) -> List[Tuple[int, str]]:
+    """(id, decoded text without surrounding whitespace) per token, whitespace-only dropped."""
+    out = []
+    for i in encode(text):
+        piece = decode(i).strip()
+        if piece:
+            out.append((i, piece))
+    return out
+
+
+def _merged(pieces) -> List[str]:
+    return [p for _, p in pieces if sum(c.isdigit() for c in p) > 1]
+
+
+def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False) -> DigitVocab:
+    """DigitVocab of `tok`. Raises ValueError if numbers do not tokenize one digit per token,
+    unless allow_multi_digit_tokens: then DEL applies to the single-digit tokens only (numbers
+    made of multi-digit tokens get no numerical term, and a run's places count tokens)."""
+    encode, decode = _codec(tok)
+    name = type(tok).__name__
+    probe = _pieces(encode, decode, DIGITS_PROBE)
+    merged = _merged(probe) + [
+        m for text in NUMBER_PROBES for m in _merged(_pieces(encode, decode, text))
+    ]
+    if merged and not allow_multi_digit_tokens:
+        raise ValueError(
+            f"this {name} merges digits into multi-digit tokens (found {sorted(set(merged))}), "
+            "but DEL's place weights need one digit per token. Use a digit-splitting tokenizer "
+            "(Llama-2, Mistral, Qwen2.5, DeepSeek), give ids explicitly with DigitVocab(...) / "
+            "--del-digit-token-ids, or opt in with allow_multi_digit_tokens=True "
+            "(--del-allow-multi-digit-tokens) to apply DEL to single-digit tokens only"
+        )
+    if merged:
+        logger.warning(
+            "del_megatron: %s merges digits %s; DEL applies to single-digit tokens only",
+            name,
+            sorted(set(merged))[:5],
+        )
+        digit_ids = []
+        for d in range(10):
+            single = [i for i, p in _pieces(encode, decode, str(d)) if p == str(d)]
+            if len(single) != 1:
+                raise ValueError(f"{name} has no single-digit token for {d!r}")
+            digit_ids.append(single[0])
+    else:
+        tail = probe[1:]
+        if [p for _, p in tail] != [str(d) for d in range(10)]:
+            raise ValueError(
+                f"{name} does not tokenize {DIGITS_PROBE!r} into single digits "
+                f"(got {[p for _, p in probe]}); give the ids explicitly with DigitVocab(...)"
+            )
+        digit_ids = [i for i, _ in tail]
+
+    points = set()
+    by_digit = dict(zip(range(10), digit_ids, strict=True))
+    for text in NUMBER_PROBES:
+        for i, piece in _pieces(encode, decode, text):
+            if piece == ".":
+                points.add(i)
+            elif len(piece) == 1 and piece.isdigit() and i != by_digit[int(piece)]:
+                expected = by_digit[int(piece)]
+                raise ValueError(
+                    f"{name} gives digit {piece!r} the id {i} in {text!r} but {expected} inside "
+                    "numbers: a digit must have one id; give the ids explicitly"
+                )
+    if not points:
+        logger.warning("del_megatron: %s has no '.' token inside numbers; no decimal points", name)
+    return DigitVocab(digit_ids, sorted(points))

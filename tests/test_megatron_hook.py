@@ -1,0 +1,25 @@
+"""del_megatron.megatron.register on a tiny real GPTModel (CPU, gloo) at TP = 1 and 2."""
+
+import json
+
+import pytest
+
+from .distributed import run_distributed
+from .megatron_workers import run_hook_checks, train_curve
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_hook_on_real_gpt_model(tp):
+    run_distributed(run_hook_checks, tp, tp, megatron_tp=tp)
+
+
+def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(tmp_path):
+    curves = {}
+    for tp, sp in ((1, False), (2, True)):
+        path = tmp_path / f"tp{tp}.json"
+        run_distributed(train_curve, tp, tp, sp, 30, str(path), megatron_tp=tp)
+        curves[tp] = json.loads(path.read_text())
+    assert len(curves[1]) == 30
+    assert curves[1] == pytest.approx(curves[2], rel=1e-5, abs=1e-5)
+    first, last = sum(curves[1][:3]) / 3, sum(curves[1][-3:]) / 3
+    assert last < 0.7 * first, curves[1]
