@@ -14,7 +14,9 @@ GPT_VOCAB = dm.DigitVocab(digit_ids=range(40, 50), decimal_point_ids=[50])
 SPACE = 51
 
 
-def build_gpt(tp: int, sequence_parallel: bool = False, mtp_layers=None, **model_kwargs):
+def build_gpt(
+    tp: int, sequence_parallel: bool = False, mtp_layers=None, config_kwargs=None, **model_kwargs
+):
     """GPTModel with the local (non-TE) spec, identical weights at every TP size."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -34,6 +36,8 @@ def build_gpt(tp: int, sequence_parallel: bool = False, mtp_layers=None, **model
         hidden_dropout=0.0,
         attention_dropout=0.0,
         mtp_num_layers=mtp_layers,
+        pipeline_dtype=torch.float32,
+        **(config_kwargs or {}),
     )
     cpu.seed(1234)
     spec = get_gpt_layer_local_spec()

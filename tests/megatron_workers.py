@@ -173,3 +173,79 @@ def run_hook_checks(tp: int) -> None:
     check_mtp_goes_through_del(tp)
     check_register_cycle(tp)
     check_config_fields_and_fusion_modes(tp)
+
+
+def _stage_model(pp_rank: int, pp_size: int):
+    """This pipeline stage's GPTModel with the weights of the PP=1 model (same seed)."""
+    from megatron.core import parallel_state
+
+    full = build_gpt(1)
+    stage = build_gpt(
+        1,
+        config_kwargs={"pipeline_model_parallel_size": pp_size},
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+    )
+    per_stage = full.config.num_layers // pp_size
+    source = full.state_dict()
+    target = {}
+    for name in stage.state_dict():
+        if name.startswith("decoder.layers."):
+            local, rest = name[len("decoder.layers.") :].split(".", 1)
+            name_in_full = f"decoder.layers.{int(local) + pp_rank * per_stage}.{rest}"
+        else:
+            name_in_full = name
+        target[name] = source[name_in_full]
+    stage.load_state_dict(target)
+    return stage
+
+
+def pipeline_curve(steps: int, out_path: str) -> None:
+    """Train through Megatron's own schedules (PP = world size); the last stage writes its
+    per-step reports. The loss seam must run on the last stage only."""
+    from functools import partial
+
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from del_megatron.megatron import telemetry
+
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    model = _stage_model(pp_rank, pp_size) if pp_size > 1 else build_gpt(1)
+    dmm.register(CFG)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    calls = []
+
+    def forward_step(data_iterator, model):
+        tokens, labels, positions = next(data_iterator)
+        output = model(tokens, positions, None, labels=labels)
+        calls.append(telemetry.find(output) is not None)
+        mask = torch.ones_like(labels, dtype=torch.float)
+        return output, partial(dmm.numerical_loss_func, mask)
+
+    reports = []
+    try:
+        for step in range(steps):
+            batches = [number_batch(2, seed=1000 * step + i) for i in range(4)]
+            optimizer.zero_grad()
+            reduced = get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(batches),
+                model=[model],
+                num_microbatches=4,
+                seq_length=batches[0][0].size(1),
+                micro_batch_size=2,
+            )
+            optimizer.step()
+            if reduced:
+                summed = {k: sum(r[k] for r in reduced).tolist() for k in reduced[0]}
+                reports.append(summed)
+    finally:
+        dmm.unregister()
+    last = parallel_state.is_pipeline_last_stage()
+    assert all(calls) if last else not any(calls), (pp_rank, calls)
+    assert bool(reports) == last
+    if last:
+        with open(out_path, "w") as fh:
+            json.dump(reports, fh)

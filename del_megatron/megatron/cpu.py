@@ -2,13 +2,15 @@
 
 Megatron-Core assumes CUDA in a few places that a CPU run reaches: `torch.cuda.current_device()`
 (RoPE, attention scratch buffers), the model-parallel RNG tracker (CUDA generator states), the
-default causal mask (built on "cuda"), and the torch LayerNorm wrapper, which refuses sequence
-parallelism. install() patches exactly these, and only when CUDA is absent.
+default causal mask and the pipeline schedules' token counters (built on "cuda"), and the torch
+LayerNorm wrapper, which refuses sequence parallelism. install() patches exactly these, and
+only when CUDA is absent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 
@@ -62,6 +64,17 @@ def _torch_norm_allowing_sequence_parallel(cls, config, hidden_size, eps=1e-5, *
     return norm
 
 
+class _TorchOnCpu(types.ModuleType):
+    """`torch` for modules that allocate with device="cuda" literally (the pipeline schedules)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+
 def install() -> None:
     """Patch Megatron-Core for CPU. Idempotent; does nothing when CUDA is available."""
     if _installed["done"] or torch.cuda.is_available():
@@ -85,6 +98,10 @@ def install() -> None:
     if hasattr(fused_softmax, "get_default_causal_mask"):
         fused_softmax.get_default_causal_mask = causal_mask
     torch_norm.WrappedTorchNorm.__new__ = _torch_norm_allowing_sequence_parallel
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _TorchOnCpu("torch")
+    torch.cuda.synchronize = lambda *args, **kwargs: None
     _installed["done"] = True
 
 

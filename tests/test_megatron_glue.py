@@ -1,0 +1,142 @@
+"""Megatron-LM glue without a model: telemetry by hand, the digit reduction, the flags."""
+
+import argparse
+
+import pytest
+import torch
+
+import del_megatron as dm
+from del_megatron import megatron as dmm
+from del_megatron.loss import loss_pieces
+from del_megatron.megatron import telemetry
+from del_megatron.reference import reference_lm_loss
+
+# ids 0..9 digits, 10 '.', vocab 16
+VOCAB = dm.DigitVocab(range(10), [10])
+
+
+def hand_batch():
+    """labels [1, 4] = '3', '1', 'x', '7' with loss mask 1, 1, 1, 0. Digit logits are a bump of
+    4 at the predicted digit: 3 (right), 2 (wrong), -, 7 (right but masked)."""
+    labels = torch.tensor([[3, 1, 12, 7]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    logits = torch.zeros(4, 1, 16, dtype=torch.float64)
+    for pos, predicted in ((0, 3), (1, 2), (2, 5), (3, 7)):
+        logits[pos, 0, predicted] = 4.0
+    return labels, mask, logits
+
+
+@pytest.mark.parametrize("reduction", ["token", "digit"])
+def test_telemetry_and_reduction_by_hand(reduction):
+    labels, mask, logits = hand_batch()
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction)
+    pieces = loss_pieces(labels, logits, dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB))
+    output = pieces.ce + 0.2 * pieces.term
+    telemetry.record(output, pieces, cfg)
+    loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
+
+    # By hand: "31" is one number (tens, units: w = 4, 2); 'x' is not a digit; '7' is masked.
+    ce, term = reference_lm_loss(labels, logits, VOCAB, loss="del")
+    ce_sum = ce[0, 0] + ce[0, 1] + ce[0, 2]
+    term_sum = term[0, 0] + term[0, 1]
+    assert term[0, 0] / term[0, 0].new_tensor(4.0) == pytest.approx((term[0, 0] / 4).item())
+    assert num_tokens.item() == 3
+    assert report["digit acc"].tolist() == [1.0, 2.0]  # '3' right, '1' predicted as 2
+    assert report["digit tokens"].tolist() == [2.0, 1.0]
+    assert report["digit share"].tolist() == [2.0, 3.0]
+    assert report["del term"].tolist() == pytest.approx([term_sum.item(), 2.0])
+    assert report["ce loss"].tolist() == pytest.approx([ce_sum.item(), 3.0])
+    if reduction == "token":
+        expected = ce_sum + 0.2 * term_sum
+    else:  # mean CE over 3 tokens + alpha * mean term over 2 digits, in Megatron's sum units
+        expected = 3 * (ce_sum / 3 + 0.2 * term_sum / 2)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert report["lm loss"].tolist() == pytest.approx([expected.item(), 3.0], rel=1e-6)
+    telemetry.clear()
+
+
+def test_loss_func_passes_through_outputs_it_did_not_make():
+    out = torch.ones(1, 3)
+    loss, num_tokens, report = dmm.numerical_loss_func(torch.ones(1, 3), out)
+    assert loss.item() == 3 and set(report) == {"lm loss"}
+
+
+def test_place_weight_of_the_hand_batch():
+    labels, _, _ = hand_batch()
+    assert dm.place_weights(labels, VOCAB).tolist() == [[4.0, 2.0, 0.0, 2.0]]
+
+
+def parse(argv, provider=None):
+    parser = argparse.ArgumentParser()
+    (provider or dmm.add_arguments)(parser)
+    return parser.parse_args(argv)
+
+
+def test_flags_defaults_and_explicit_ids():
+    args = parse([])
+    assert (args.numerical_loss, args.del_alpha, args.del_reduction) == ("ce", 0.01, "token")
+    assert dmm.config_from_args(args).loss == "ce"
+    args = parse(
+        "--numerical-loss del --del-alpha 0.1 --del-reduction digit "
+        "--del-digit-token-ids 5 6 7 8 9 10 11 12 13 14 --del-decimal-point-token-ids 3".split()
+    )
+    cfg = dmm.config_from_args(args)
+    assert cfg == dm.NumericalLossConfig(
+        loss="del", alpha=0.1, reduction="digit", vocab=dm.DigitVocab(range(5, 15), [3])
+    )
+
+
+def test_flags_chain_with_another_provider():
+    def other(parser):
+        parser.add_argument("--other-flag", type=int, default=3)
+        return parser
+
+    args = parse(
+        ["--other-flag", "4", "--numerical-loss", "ntl_was"],
+        dmm.chain_extra_args(other, None, dmm.add_arguments),
+    )
+    assert args.other_flag == 4 and args.numerical_loss == "ntl_was"
+
+
+def test_flags_refuse_what_cannot_work():
+    with pytest.raises(SystemExit):
+        parse(["--numerical-loss", "mse"])
+    with pytest.raises(SystemExit):
+        parse(["--del-digit-token-ids", "1", "2"])
+    args = parse(["--numerical-loss", "del"])
+    with pytest.raises(ValueError, match="needs digit token ids"):
+        dmm.config_from_args(args)
+    args = parse("--numerical-loss del --del-digit-token-ids 0 1 2 3 4 5 6 7 8 99".split())
+    args.padded_vocab_size = 64
+    with pytest.raises(ValueError, match=r"ids \[99\] lie outside"):
+        dmm.config_from_args(args)
+
+
+def digit_grouping_bpe():
+    """A Llama-3-style byte-level BPE whose pre-tokenizer groups digits by three."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, e is 2.71828" for i in range(2000)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+def test_tokenizer_that_merges_digits_stops_the_run_before_training():
+    tok = digit_grouping_bpe()
+    args = parse(["--numerical-loss", "del"])
+    with pytest.raises(ValueError, match="merges digits into multi-digit tokens"):
+        dmm.config_from_args(args, tokenizer=tok)
+    args = parse(["--numerical-loss", "del", "--del-allow-multi-digit-tokens"])
+    vocab = dmm.config_from_args(args, tokenizer=tok).vocab
+    assert [tok.decode([i]) for i in vocab.digit_ids] == [str(d) for d in range(10)]
