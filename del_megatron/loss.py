@@ -130,7 +130,7 @@ def loss_pieces(
         inplace=cfg.inplace,
         validate=cfg.validate,
     )
-    ce = ce.view(s, b).transpose(0, 1)
+    ce = ce.view(s, b).transpose(0, 1).contiguous()  # [b, s], as Megatron returns it
     digit_logits = digit_logits.view(s, b, -1).transpose(0, 1)
     layout = number_layout(labels, vocab, cfg.ignore_index)
     if cfg.loss == "ce":

@@ -249,3 +249,109 @@ def pipeline_curve(steps: int, out_path: str) -> None:
     if last:
         with open(out_path, "w") as fh:
             json.dump(reports, fh)
+
+
+def check_bridge_and_nemo_adapters() -> None:
+    """Megatron-Bridge provider + forward_step and the NeMo 2 loss reduction, on a real
+    GPTModel. The framework objects that cannot be installed here (megatron-bridge needs
+    Transformer Engine and CUDA; NeMo likewise) are replaced by the narrowest stand-ins: a
+    TransformerConfig dataclass with provide(), Bridge's forward_step/loss shapes, and a masked
+    mean reduction with NeMo's forward(batch, forward_out) -> (loss, dict) shape."""
+    from dataclasses import dataclass
+    from functools import partial
+
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from del_megatron.megatron import bridge, nemo, telemetry
+
+    from .gpt_helpers import VOCAB_SIZE
+
+    @dataclass
+    class StandInGPTModelProvider(TransformerConfig):
+        cross_entropy_loss_fusion: bool = True  # Bridge's default
+        vocab_size: int = VOCAB_SIZE
+
+        def provide(self, pre_process=None, post_process=None, vp_stage=None):
+            return GPTModel(
+                config=self,
+                transformer_layer_spec=get_gpt_layer_local_spec(),
+                vocab_size=self.vocab_size,
+                max_sequence_length=64,
+                position_embedding_type="rope",
+            )
+
+    def stand_in_masked_next_token_loss(loss_mask, output_tensor, check_for_nan_in_loss=True):
+        loss = torch.sum(output_tensor.view(-1).float() * loss_mask.view(-1).float())
+        num_tokens = loss_mask.sum().to(torch.int)
+        assert not (check_for_nan_in_loss and torch.isnan(loss))
+        return loss, num_tokens, {"lm loss": torch.stack([loss.detach(), num_tokens.float()])}
+
+    tokens, labels, positions = number_batch(2, seed=9)
+    loss_mask = torch.ones_like(labels, dtype=torch.float)
+    loss_mask[:, :3] = 0
+
+    def stand_in_forward_step(state, data_iterator, model, return_schedule_plan=False):
+        output = model(tokens, positions, None, labels=labels)
+        return output, partial(stand_in_masked_next_token_loss, loss_mask)
+
+    Provider = bridge.with_numerical_loss(StandInGPTModelProvider)
+    common = dict(num_layers=2, hidden_size=64, num_attention_heads=4)
+    common.update(use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0)
+    provider = Provider(**common, numerical_loss="del", del_alpha=0.5, del_reduction="digit")
+    bridge.set_digit_ids_from_tokenizer(provider, _ToyDigitTokenizer())
+    assert provider.del_digit_token_ids == list(GPT_VOCAB.digit_ids)
+    assert provider.del_decimal_point_token_ids == list(GPT_VOCAB.decimal_point_ids)
+    cpu.seed(5)
+    model = provider.provide()
+    try:
+        output, loss_function = bridge.numerical_forward_step(
+            None, None, model, base_forward_step=stand_in_forward_step
+        )
+        loss, num_tokens, report = loss_function(output)
+        logits = model(tokens, positions, None).transpose(0, 1)
+        cfg = dm.NumericalLossConfig(alpha=0.5, vocab=GPT_VOCAB)
+        parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
+        m = loss_mask
+        expected = (parts.ce * m).sum() + 0.5 * (parts.term * m).sum() * m.sum() / (
+            parts.is_digit * m
+        ).sum()
+        torch.testing.assert_close(loss, expected.float(), rtol=1e-6, atol=1e-5)
+        assert num_tokens.item() == int(m.sum())
+        assert {"lm loss", "del term", "digit acc"} <= set(report)
+
+        class StandInMaskedTokenLossReduction:
+            def forward(self, batch, forward_out):
+                mask = batch["loss_mask"]
+                mean = (forward_out * mask).sum() / mask.sum()
+                return mean, {"avg": mean.detach()}
+
+        reduction = nemo.numerical_loss_reduction(StandInMaskedTokenLossReduction)()
+        output = model(tokens, positions, None, labels=labels)
+        mean, reduced = reduction.forward({"loss_mask": loss_mask}, output)
+        torch.testing.assert_close(mean, expected.float() / m.sum(), rtol=1e-6, atol=1e-6)
+        assert reduced["del_telemetry"]["digit acc"][1] == (parts.is_digit * m).sum()
+        assert telemetry.find(torch.zeros(1)) is None
+    finally:
+        dmm.unregister()
+
+
+class _ToyDigitTokenizer:
+    """Megatron-style tokenizer (tokenize/detokenize) of the helper's toy vocabulary."""
+
+    def tokenize(self, text):
+        ids = []
+        for ch in text:
+            if ch.isdigit():
+                ids.append(GPT_VOCAB.digit_ids[int(ch)])
+            elif ch == ".":
+                ids.append(GPT_VOCAB.decimal_point_ids[0])
+            else:
+                ids.append(51 if ch == " " else 60 + ord(ch) % 20)
+        return ids
+
+    def detokenize(self, ids):
+        table = {d: str(k) for k, d in enumerate(GPT_VOCAB.digit_ids)}
+        table[GPT_VOCAB.decimal_point_ids[0]] = "."
+        return "".join(table.get(i, " " if i == 51 else "x") for i in ids)

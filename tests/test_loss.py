@@ -229,3 +229,14 @@ def test_ce_needs_no_vocab():
     torch.testing.assert_close(
         loss, F.cross_entropy(logits.permute(1, 2, 0), labels, reduction="none")
     )
+
+
+def test_outputs_are_contiguous_like_megatrons():
+    # Megatron-LM's and Megatron-Bridge's loss functions call output_tensor.view(-1).
+    labels = torch.tensor([[4, 12, 3], [1, 2, 3]])
+    logits = logits_for(3, 2, V, seed=4)
+    for loss in ("ce", "del"):
+        cfg = dm.NumericalLossConfig(loss=loss, vocab=VOCAB)
+        assert dm.numerical_lm_loss(labels, logits, cfg).is_contiguous()
+        parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
+        assert all(t.is_contiguous() for t in parts)

@@ -47,3 +47,9 @@ def test_pipeline_parallel_2_matches_pp1_through_megatron_schedules(tmp_path):
             assert one[key] == pytest.approx(two[key], rel=1e-5), key
     lm = [r["lm loss"][0] / r["lm loss"][1] for r in reports[1]]
     assert lm[-1] < lm[0]
+
+
+def test_bridge_and_nemo_adapters():
+    from .megatron_workers import check_bridge_and_nemo_adapters
+
+    run_distributed(check_bridge_and_nemo_adapters, 1, megatron_tp=1)

@@ -112,6 +112,7 @@ def seed(value: int) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as tp_random
 
+    install()
     torch.manual_seed(value)
     tracker = tp_random.get_cuda_rng_tracker()
     tracker.reset()

@@ -42,54 +42,56 @@ def find(output: torch.Tensor) -> Optional[_Record]:
     return None
 
 
-def numerical_terms(
-    loss_mask: torch.Tensor, rec: _Record, num_tokens: torch.Tensor
-) -> tuple[torch.Tensor, dict]:
-    """(correction, report): `correction` turns the summed "token" loss into the "digit"
-    reduction (0 for "token"); `report` holds the [sum, count] telemetry entries."""
-    mask = loss_mask.reshape(rec.pieces.term.shape).float()
+def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
+    """The per-token loss [b, s] that any masked sum or mean turns into the "digit" reduction:
+    CE_t + alpha * term_t * n_tokens / n_digits, counted under `loss_mask` (the recorded output
+    unchanged for the "token" reduction)."""
+    if rec.cfg.reduction != "digit":
+        return rec.output
+    mask = loss_mask.reshape(rec.output.shape).to(rec.pieces.term.dtype)
+    n_tokens = mask.sum()
+    n_digits = (rec.pieces.is_digit * mask).sum().clamp(min=1.0)
+    extra = rec.cfg.alpha * rec.pieces.term * (n_tokens / n_digits - 1.0)
+    return rec.output + extra.to(rec.output.dtype)
+
+
+def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
+    """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each)."""
+    mask = loss_mask.reshape(rec.output.shape).float()
     digit_mask = rec.pieces.is_digit.float() * mask
     n_digits = digit_mask.sum()
-    term_sum = (rec.pieces.term.float() * mask).sum()
     correct = rec.pieces.digit_logits.argmax(dim=-1) == rec.pieces.digit
-    correct_sum = (correct.float() * digit_mask).sum()
-    correction = torch.zeros((), dtype=term_sum.dtype, device=term_sum.device)
-    if rec.cfg.reduction == "digit":
-        scale = num_tokens.float() / n_digits.clamp(min=1.0)
-        correction = rec.cfg.alpha * term_sum * (scale - 1.0)
-    one = torch.ones((), device=n_digits.device)
-    pair = lambda total, count: torch.stack([total.detach().float(), count.float()])  # noqa: E731
-    ce_sum = (rec.pieces.ce.float() * mask).sum()
-    report = {
-        "ce loss": pair(ce_sum, mask.sum()),
-        f"{rec.cfg.loss} term": pair(term_sum, n_digits),
-        "digit acc": pair(correct_sum, n_digits),
-        "digit tokens": pair(n_digits, one),
-        "digit share": pair(n_digits, num_tokens),
+
+    def pair(total, count):
+        return torch.stack([total.detach().float(), count.float()])
+
+    return {
+        "ce loss": pair((rec.pieces.ce.float() * mask).sum(), mask.sum()),
+        f"{rec.cfg.loss} term": pair((rec.pieces.term.float() * mask).sum(), n_digits),
+        "digit acc": pair((correct.float() * digit_mask).sum(), n_digits),
+        "digit tokens": pair(n_digits, torch.ones_like(n_digits)),
+        "digit share": pair(n_digits, mask.sum()),
     }
-    return correction, report
 
 
 def make_loss_func(base_loss_func: Callable) -> Callable:
     """Wrap a Megatron-LM loss_func(loss_mask, output_tensor, model=None) -> (loss_sum,
-    num_tokens, report): adds the telemetry entries and applies the "digit" reduction."""
+    num_tokens, report): applies the "digit" reduction (through the per-token losses, so that
+    the base's NaN/spike checks and its 'lm loss' see the real loss) and adds telemetry."""
 
     def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model=None, **kwargs):
-        result = base_loss_func(loss_mask, output_tensor, model=model, **kwargs)
         rec = find(output_tensor)
-        if rec is None:
-            return result  # the model computed its loss without del_megatron (loss "ce" off)
-        if len(result) != 3:
+        if rec is None:  # the model computed its loss without del_megatron
+            return base_loss_func(loss_mask, output_tensor, model=model, **kwargs)
+        adjusted = digit_reduced(loss_mask, rec)
+        result = base_loss_func(loss_mask, adjusted, model=model, **kwargs)
+        if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
             raise ValueError(
                 "del_megatron needs a loss_func returning (loss_sum, num_tokens, report), as "
                 "Megatron-LM's pretrain_gpt.py does from core 0.12 on"
             )
         loss, num_tokens, report = result
-        correction, extra = numerical_terms(loss_mask, rec, num_tokens)
-        loss = loss + correction
-        report = {**report, **extra}
-        report["lm loss"] = torch.stack([loss.detach().float(), num_tokens.float()])
-        return loss, num_tokens, report
+        return loss, num_tokens, {**report, **report_entries(loss_mask, rec)}
 
     return loss_func
 
@@ -100,11 +102,8 @@ def _plain_loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model
     mask = loss_mask.reshape(-1).float()
     loss = torch.sum(losses * mask)
     num_tokens = mask.sum().clone().detach().to(torch.int)
-    return (
-        loss,
-        num_tokens,
-        {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])},
-    )
+    report = {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
+    return loss, num_tokens, report
 
 
 numerical_loss_func = make_loss_func(_plain_loss_func)
