@@ -1,0 +1,101 @@
+"""The Megatron-LM drop-in pieces: the model-provider wrapper, loss_func install, the patches."""
+
+import argparse
+import re
+import types
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+import del_megatron as dm
+from del_megatron import megatron as dmm
+from del_megatron.megatron import lm, telemetry
+
+from .distributed import run_distributed
+from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
+from .megatron_workers import _ToyDigitTokenizer
+
+PATCHES = sorted((Path(__file__).parents[1] / "patches").glob("*.patch"))
+
+
+def _args(argv):
+    parser = argparse.ArgumentParser()
+    dmm.add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.padded_vocab_size = 128
+    return args
+
+
+def check_wrapped_model_provider():
+    """The wrapped provider reads the flags and the run's tokenizer, registers the loss and
+    records the settings on the model config; the model's loss is then DEL."""
+    args = _args(["--numerical-loss", "del", "--del-alpha", "0.5"])
+    provider = lm.wrap_model_provider(lambda: build_gpt(1), lambda: args, _ToyDigitTokenizer)
+    model = provider()
+    try:
+        assert dmm.is_registered()
+        assert model.config.numerical_loss == "del"
+        assert model.config.del_digit_token_ids == list(GPT_VOCAB.digit_ids)
+        tokens, labels, positions = number_batch(2, seed=5)
+        loss = model(tokens, positions, None, labels=labels)
+        logits = model(tokens, positions, None).transpose(0, 1)
+        cfg = dm.NumericalLossConfig(alpha=0.5, vocab=GPT_VOCAB)
+        torch.testing.assert_close(loss, dm.numerical_lm_loss(labels, logits, cfg))
+    finally:
+        dmm.unregister()
+    plain = lm.wrap_model_provider(lambda: build_gpt(1), lambda: _args([]), _ToyDigitTokenizer)
+    plain()
+    assert not dmm.is_registered()
+
+
+def test_wrapped_model_provider():
+    run_distributed(check_wrapped_model_provider, 1, megatron_tp=1)
+
+
+def test_install_wraps_loss_func_once():
+    calls = []
+
+    def loss_func(loss_mask, output_tensor, model=None):
+        calls.append(output_tensor)
+        return output_tensor.sum(), loss_mask.sum(), {"lm loss": torch.zeros(2)}
+
+    module = types.SimpleNamespace(loss_func=loss_func)
+    lm.install(module)
+    first = module.loss_func
+    lm.install(module)
+    assert module.loss_func is first and first is not loss_func
+    out = torch.ones(1, 2)
+    assert first(torch.ones(1, 2), out)[0].item() == 2 and calls == [out]
+    telemetry.clear()
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_patches_are_well_formed_and_use_only_the_public_plugin_api(patch):
+    text = patch.read_text()
+    assert re.search(r"core_v0\.1[6-9]\.\d", patch.name)
+    assert text.startswith("diff --git a/pretrain_gpt.py b/pretrain_gpt.py\n")
+    hunks = re.findall(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text, flags=re.M)
+    assert hunks
+    # every hunk's line counts match its body
+    bodies = re.split(r"^@@ .* @@.*\n", text, flags=re.M)[1:]
+    for (_, old_n, _, new_n), body in zip(hunks, bodies, strict=True):
+        lines = [ln for ln in body.splitlines() if not ln.startswith("diff --git")]
+        old = sum(1 for ln in lines if ln[:1] in (" ", "-"))
+        new = sum(1 for ln in lines if ln[:1] in (" ", "+"))
+        assert (old, new) == (int(old_n), int(new_n)), patch.name
+    # what the patch imports from del_megatron exists
+    imports = re.findall(r"^\+from (del_megatron[\w.]*) import (\w+)", text, flags=re.M)
+    assert imports
+    for module, name in imports:
+        assert hasattr(__import__(module, fromlist=[name]), name), (module, name)
+    assert "del_add_arguments" in text and "del_make_loss_func(loss_func)" in text
+
+
+def test_loss_func_wrapper_signature_matches_megatron_lm():
+    # pretrain_gpt's forward_step returns partial(loss_func, loss_mask, model=model)
+    wrapped = telemetry.make_loss_func(telemetry._plain_loss_func)
+    out = torch.ones(1, 3)
+    loss, num_tokens, report = partial(wrapped, torch.ones(1, 3), model=None)(out)
+    assert loss.item() == 3 and num_tokens.item() == 3 and "lm loss" in report
