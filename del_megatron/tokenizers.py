@@ -10,6 +10,7 @@ unknown piece maps to <unk> silently in SentencePiece, and '0' alone often token
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, List, Tuple
 
 from .vocab import DigitVocab
@@ -68,6 +69,8 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
     """DigitVocab of `tok`. Raises ValueError if numbers do not tokenize one digit per token,
     unless allow_multi_digit_tokens: then DEL applies to the single-digit tokens only (numbers
     made of multi-digit tokens get no numerical term, and a run's places count tokens)."""
+    if isinstance(tok, (str, os.PathLike)):
+        tok = load_tokenizer(os.fspath(tok))
     encode, decode = _codec(tok)
     name = type(tok).__name__
     probe = _pieces(encode, decode, DIGITS_PROBE)
@@ -118,3 +121,89 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
     if not points:
         logger.warning("del_megatron: %s has no '.' token inside numbers; no decimal points", name)
     return DigitVocab(digit_ids, sorted(points))
+
+
+# Qwen2/2.5's pre-tokenizer pattern: \p{N} alone splits numbers one digit per token.
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+class OffsetEncoding:
+    """A tiktoken Encoding whose ids are shifted by `offset` (Mistral's tekken files put their
+    special tokens first)."""
+
+    def __init__(self, encoding, offset: int) -> None:
+        self.encoding, self.offset = encoding, offset
+
+    def encode_ordinary(self, text: str) -> List[int]:
+        return [i + self.offset for i in self.encoding.encode_ordinary(text)]
+
+    def decode_single_token_bytes(self, token_id: int) -> bytes:
+        return self.encoding.decode_single_token_bytes(token_id - self.offset)
+
+
+def _tiktoken_file(path: str, pattern: str):
+    import base64
+
+    import tiktoken
+
+    ranks = {}
+    with open(path, "rb") as fh:
+        for line_no, line in enumerate(fh, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 2:
+                raise ValueError(f"{path}:{line_no}: not a tiktoken rank line ('<base64> <rank>')")
+            ranks[base64.b64decode(parts[0])] = int(parts[1])
+    return tiktoken.Encoding(path, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+
+
+def _tekken_file(path: str, data: dict):
+    import base64
+
+    import tiktoken
+
+    config = data["config"]
+    specials = config.get("default_num_special_tokens", 0)
+    n_ranks = config.get("default_vocab_size", len(data["vocab"]) + specials) - specials
+    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in data["vocab"][:n_ranks]}
+    encoding = tiktoken.Encoding(
+        path, pat_str=config["pattern"], mergeable_ranks=ranks, special_tokens={}
+    )
+    return OffsetEncoding(encoding, specials)
+
+
+def load_tokenizer(path: str, tiktoken_pattern: str = QWEN_PATTERN):
+    """A tokenizer object from a file: SentencePiece `.model`, tiktoken rank file
+    (`.tiktoken`, e.g. Qwen's; `tiktoken_pattern` is its pre-tokenizer), Mistral tekken JSON,
+    Hugging Face `tokenizer.json` (or a folder holding one)."""
+    import json
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no tokenizer.json in {os.path.dirname(path)!r}")
+    if path.endswith(".tiktoken"):
+        return _tiktoken_file(path, tiktoken_pattern)
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if isinstance(data.get("config"), dict) and "pattern" in data["config"]:
+            return _tekken_file(path, data)
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(path)
+    import sentencepiece
+
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=path)
+    except (RuntimeError, OSError) as exc:
+        raise ValueError(
+            f"{path!r} is not a SentencePiece model, a .tiktoken rank file, a tekken JSON or a "
+            "Hugging Face tokenizer.json"
+        ) from exc

