@@ -14,9 +14,11 @@ setup(
     # requirement on a fresh machine pulls a multi-GB CUDA wheel. The CPU pins live in
     # tests/requirements-cpu.txt, installed by tests/run.sh.
     install_requires=["torch>=2.1"],
+    entry_points={"console_scripts": ["del-megatron=del_megatron.cli:main"]},
     extras_require={
         "megatron": ["megatron-core>=0.13"],
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "numpy"],
+        "demo": ["megatron-core>=0.13", "sentencepiece", "tiktoken", "tokenizers", "tqdm", "matplotlib"],
         "gpu": ["transformer-engine[pytorch]"],
     },
     classifiers=[

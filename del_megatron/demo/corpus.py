@@ -1,0 +1,62 @@
+"""A seeded number-rich corpus: arithmetic and word problems with integers and decimals."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Dict, Iterator, List
+
+NAMES = ["Ana", "Ben", "Chen", "Dana", "Eli", "Fay", "Gus", "Hana"]
+ITEMS = ["apples", "books", "coins", "stamps", "marbles", "cards"]
+
+
+def _fmt(value: float, decimals: int) -> str:
+    return f"{value:.{decimals}f}" if decimals else str(int(round(value)))
+
+
+def problem(rng: random.Random) -> Dict[str, str]:
+    """One problem: {"prompt": ..., "answer": ...}; the text is prompt + answer."""
+    kind = rng.choice(["add", "sub", "mul", "dec_add", "dec_sub", "word"])
+    if kind == "add":
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        return {"prompt": f"Q: {a} + {b} = ", "answer": str(a + b)}
+    if kind == "sub":
+        a, b = sorted((rng.randint(0, 999), rng.randint(0, 999)), reverse=True)
+        return {"prompt": f"Q: {a} - {b} = ", "answer": str(a - b)}
+    if kind == "mul":
+        a, b = rng.randint(0, 99), rng.randint(0, 9)
+        return {"prompt": f"Q: {a} * {b} = ", "answer": str(a * b)}
+    if kind in ("dec_add", "dec_sub"):
+        d = rng.choice([1, 2])
+        a, b = round(rng.uniform(0, 100), d), round(rng.uniform(0, 100), d)
+        if kind == "dec_sub":
+            a, b = max(a, b), min(a, b)
+            return {"prompt": f"Q: {_fmt(a, d)} - {_fmt(b, d)} = ", "answer": _fmt(a - b, d)}
+        return {"prompt": f"Q: {_fmt(a, d)} + {_fmt(b, d)} = ", "answer": _fmt(a + b, d)}
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(1, 99), rng.randint(1, 99)
+    return {
+        "prompt": f"Q: {name} has {a} {item} and gets {b} more. How many {item}? A: ",
+        "answer": str(a + b),
+    }
+
+
+def synthetic(n: int, seed: int) -> List[Dict[str, str]]:
+    rng = random.Random(seed)
+    return [problem(rng) for _ in range(n)]
+
+
+def read_jsonl(path: str) -> Iterator[str]:
+    """Texts of a JSONL corpus: each line an object with a "text" string."""
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+            text = record.get("text") if isinstance(record, dict) else None
+            if not isinstance(text, str) or not text:
+                raise ValueError(f'{path}:{line_no}: no "text" string in this JSONL line')
+            yield text

@@ -1,0 +1,60 @@
+"""One small interface over the tokenizers the demo can use, with an end-of-document id and the
+`eod`/`pad` attributes that Megatron's GPTDataset reads."""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+from ..tokenizers import _codec, load_tokenizer
+
+
+class TextTokenizer:
+    """encode(text) -> ids, decode(ids) -> text, eod, pad, vocab_size."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.inner = load_tokenizer(path)
+        self._encode, self._decode_one = _codec(self.inner)
+        if hasattr(self.inner, "eos_id") and self.inner.eos_id() >= 0:  # SentencePiece
+            self.eod = self.inner.eos_id()
+            self.vocab_size = self.inner.get_piece_size()
+        else:  # tiktoken / HF: append an end-of-document id
+            size = getattr(self.inner, "n_vocab", None)
+            if size is None:
+                size = self.inner.get_vocab_size()
+            self.eod = size
+            self.vocab_size = size + 1
+        self.pad = self.eod
+        # Megatron's datasets hash this into their cache names.
+        self.unique_identifiers = {"class": "TextTokenizer", "path": self.path}
+
+    def encode(self, text: str) -> List[int]:
+        return list(self._encode(text))
+
+    def decode(self, ids: List[int]) -> str:
+        if hasattr(self.inner, "decode_ids"):
+            return self.inner.decode_ids([i for i in ids if i != self.eod])
+        return "".join(self._decode_one(i) for i in ids if i != self.eod)
+
+
+def train_sentencepiece(texts: List[str], out_prefix: str, vocab_size: int = 320) -> str:
+    """A SentencePiece model that splits numbers into digits, trained on `texts`; its path."""
+    import sentencepiece as spm
+
+    corpus = out_prefix + ".train.txt"
+    with open(corpus, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(texts))
+    spm.SentencePieceTrainer.train(
+        input=corpus,
+        model_prefix=out_prefix,
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        split_digits=True,
+        byte_fallback=True,
+        model_type="bpe",
+        num_threads=1,
+        minloglevel=2,
+    )
+    os.remove(corpus)
+    return out_prefix + ".model"

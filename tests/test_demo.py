@@ -1,0 +1,169 @@
+"""The CPU demo end to end with real torchrun processes: prepare, train CE and DEL, evaluate,
+resume, and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from del_megatron.cli import main
+
+QUICK = [
+    "--steps",
+    "24",
+    "--micro-batch",
+    "8",
+    "--seq-len",
+    "32",
+    "--hidden",
+    "64",
+    "--num-docs",
+    "2000",
+    "--num-eval",
+    "16",
+    "--eval-problems",
+    "8",
+    "--save-interval",
+    "6",
+    "--warmup",
+    "4",
+    "--lr",
+    "0.005",
+]
+
+
+def run_cli(*argv):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "del_megatron.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    proc = run_cli("demo", "--out", str(out), *QUICK)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_quick_demo_learns_and_reports_every_metric(quick_demo):
+    out, proc = quick_demo
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["summary"]) == {"ce", "del"}
+    for loss, run in results["runs"].items():
+        history = run["history"]
+        assert len(history) == 24 and run["finished"]
+        first = sum(h["ce"] for h in history[:3]) / 3
+        last = sum(h["ce"] for h in history[-3:]) / 3
+        assert last < 0.8 * first, (loss, first, last)
+        for key in ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error"):
+            assert isinstance(run[key], float) and run[key] >= 0, key
+    assert results["runs"]["ce"]["history"][0]["loss"] == pytest.approx(
+        results["runs"]["ce"]["history"][0]["ce"]
+    )
+    assert results["runs"]["del"]["history"][0]["loss"] > results["runs"]["del"]["history"][0]["ce"]
+    assert (out / "results.png").stat().st_size > 10_000
+    assert "digit acc" in proc.stdout and "exact answer" in proc.stdout
+    assert (out / "data" / "corpus_text_document.bin").exists()
+
+
+def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
+    out, _ = quick_demo
+    data = str(out / "data")
+    stopped = tmp_path / "stopped"
+    common = [
+        "--data-dir",
+        data,
+        "--loss",
+        "del",
+        "--no-progress",
+        *QUICK[:8],
+        "--save-interval",
+        "6",
+        "--warmup",
+        "4",
+        "--lr",
+        "0.005",
+        "--eval-problems",
+        "8",
+    ]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "-m",
+        "del_megatron.cli",
+        "train",
+    ]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(
+        torchrun + ["--out-dir", str(stopped), "--stop-after", "12", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((stopped / "metrics.json").read_text())["finished"] is False
+    second = subprocess.run(
+        torchrun + ["--out-dir", str(stopped), "--resume", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = json.loads((stopped / "metrics.json").read_text())["history"]
+    unstopped = json.loads((out / "del" / "metrics.json").read_text())["history"]
+    assert [h["step"] for h in resumed] == list(range(1, 25))
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in unstopped], rel=1e-5)
+
+
+def test_prepare_bad_input(tmp_path, capsys):
+    out = tmp_path / "data"
+    assert main(["prepare", "--out", str(out), "--corpus", str(tmp_path / "missing.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["prepare", "--out", str(out), "--corpus", str(empty)]) == 2
+    assert "holds no documents" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "1 + 1 = 2"}\n{"title": "no text here"}\n')
+    assert main(["prepare", "--out", str(out), "--corpus", str(bad)]) == 2
+    assert 'bad.jsonl:2: no "text" string' in capsys.readouterr().err
+    assert main(["prepare", "--out", str(out), "--tokenizer", str(tmp_path / "nope.model")]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+    leftovers = list(out.glob("*")) if out.exists() else []
+    assert not [p for p in leftovers if p.suffix in (".bin", ".idx")], leftovers
+
+
+def test_prepare_with_a_jsonl_corpus_and_a_real_tokenizer(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"text": f"{i} + {i} = {2 * i}"}) + "\n" for i in range(50))
+    )
+    tok = Path(importlib.util.find_spec("mistral_common").origin).parent / "data/tokenizer.model.v1"
+    out = tmp_path / "data"
+    assert (
+        main(["prepare", "--out", str(out), "--corpus", str(corpus), "--tokenizer", str(tok)]) == 0
+    )
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["documents"] == 50 and meta["vocab_size"] == 32000
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(str(out / "corpus_text_document"))
+    assert len(dataset) == 50
