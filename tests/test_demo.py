@@ -10,6 +10,8 @@ import pytest
 
 from del_megatron.cli import main
 
+from .distributed import free_port
+
 QUICK = [
     "--steps",
     "24",
@@ -94,21 +96,24 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
         "--eval-problems",
         "8",
     ]
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        "0",
-        "-m",
-        "del_megatron.cli",
-        "train",
-    ]
+
+    def torchrun():
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "del_megatron.cli",
+            "train",
+        ]
+
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     first = subprocess.run(
-        torchrun + ["--out-dir", str(stopped), "--stop-after", "12", *common],
+        torchrun() + ["--out-dir", str(stopped), "--stop-after", "12", *common],
         capture_output=True,
         text=True,
         env=env,
@@ -117,7 +122,7 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((stopped / "metrics.json").read_text())["finished"] is False
     second = subprocess.run(
-        torchrun + ["--out-dir", str(stopped), "--resume", *common],
+        torchrun() + ["--out-dir", str(stopped), "--resume", *common],
         capture_output=True,
         text=True,
         env=env,
