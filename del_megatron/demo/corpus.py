@@ -18,23 +18,23 @@ def problem(rng: random.Random) -> Dict[str, str]:
     """One problem: {"prompt": ..., "answer": ...}; the text is prompt + answer."""
     kind = rng.choice(["add", "sub", "mul", "dec_add", "dec_sub", "word"])
     if kind == "add":
-        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
         return {"prompt": f"Q: {a} + {b} = ", "answer": str(a + b)}
     if kind == "sub":
-        a, b = sorted((rng.randint(0, 999), rng.randint(0, 999)), reverse=True)
+        a, b = sorted((rng.randint(0, 99), rng.randint(0, 99)), reverse=True)
         return {"prompt": f"Q: {a} - {b} = ", "answer": str(a - b)}
     if kind == "mul":
-        a, b = rng.randint(0, 99), rng.randint(0, 9)
+        a, b = rng.randint(0, 12), rng.randint(0, 9)
         return {"prompt": f"Q: {a} * {b} = ", "answer": str(a * b)}
     if kind in ("dec_add", "dec_sub"):
         d = rng.choice([1, 2])
-        a, b = round(rng.uniform(0, 100), d), round(rng.uniform(0, 100), d)
+        a, b = round(rng.uniform(0, 10), d), round(rng.uniform(0, 10), d)
         if kind == "dec_sub":
             a, b = max(a, b), min(a, b)
             return {"prompt": f"Q: {_fmt(a, d)} - {_fmt(b, d)} = ", "answer": _fmt(a - b, d)}
         return {"prompt": f"Q: {_fmt(a, d)} + {_fmt(b, d)} = ", "answer": _fmt(a + b, d)}
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(1, 99), rng.randint(1, 99)
+    a, b = rng.randint(1, 50), rng.randint(1, 50)
     return {
         "prompt": f"Q: {name} has {a} {item} and gets {b} more. How many {item}? A: ",
         "answer": str(a + b),

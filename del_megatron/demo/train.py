@@ -34,8 +34,8 @@ class TrainConfig:
     hidden: int = 192
     layers: int = 3
     heads: int = 6
-    lr: float = 3e-3
-    min_lr: float = 3e-4
+    lr: float = 2e-3
+    min_lr: float = 2e-4
     warmup: int = 50
     seed: int = 1234
     save_interval: int = 100
