@@ -12,28 +12,10 @@ from del_megatron.cli import main
 
 from .distributed import free_port
 
-QUICK = [
-    "--steps",
-    "24",
-    "--micro-batch",
-    "8",
-    "--seq-len",
-    "32",
-    "--hidden",
-    "64",
-    "--num-docs",
-    "2000",
-    "--num-eval",
-    "16",
-    "--eval-problems",
-    "8",
-    "--save-interval",
-    "6",
-    "--warmup",
-    "4",
-    "--lr",
-    "0.005",
-]
+# A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
+TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
+TRAIN = (TRAIN + " --save-interval 6 --warmup 4 --lr 0.005").split()
+DATA = "--num-docs 2000 --num-eval 16".split()
 
 
 def run_cli(*argv):
@@ -50,7 +32,7 @@ def run_cli(*argv):
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    proc = run_cli("demo", "--out", str(out), *QUICK)
+    proc = run_cli("demo", "--out", str(out), *TRAIN, *DATA)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
@@ -80,22 +62,7 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
     out, _ = quick_demo
     data = str(out / "data")
     stopped = tmp_path / "stopped"
-    common = [
-        "--data-dir",
-        data,
-        "--loss",
-        "del",
-        "--no-progress",
-        *QUICK[:8],
-        "--save-interval",
-        "6",
-        "--warmup",
-        "4",
-        "--lr",
-        "0.005",
-        "--eval-problems",
-        "8",
-    ]
+    common = ["--data-dir", data, "--loss", "del", "--no-progress", *TRAIN]
 
     def torchrun():
         return [
