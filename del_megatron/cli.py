@@ -44,12 +44,38 @@ def _train(args) -> int:
     from .demo.train import train
 
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
-    dist.init_process_group("gloo")
+    _init_process_group()
     try:
         train(TrainConfig(**values))
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _init_process_group() -> None:
+    """gloo process group. Under a torchrun agent the rendezvous store outlives a restart, and
+    the keys the killed round wrote there would send the new workers to dead peers: each
+    attempt gets its own key prefix."""
+    import datetime
+
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(minutes=5),
+    )
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"del_megatron/attempt_{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
 
 
 def _torchrun(nproc: int, argv: List[str]) -> List[str]:

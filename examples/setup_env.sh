@@ -15,3 +15,12 @@ if [ ! -f "$stamp" ] || [ tests/requirements-cpu.txt -nt "$stamp" ] || [ setup.p
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   touch "$stamp"
 fi
+# The test suite lints the shell scripts with Debian's shellcheck.
+if ! command -v shellcheck >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -qq shellcheck >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq shellcheck >/dev/null; }
+  else
+    echo "note: shellcheck is not installed; the shell-lint test will fail" >&2
+  fi
+fi
