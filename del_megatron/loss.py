@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .heads import HEADS
-from .numbers import NumberLayout, del_weights, dist2_weights, number_layout
+from .numbers import NumberLayout, check_label_dtype, del_weights, dist2_weights, number_layout
 from .parallel import ProcessGroup, digit_cross_entropy
 from .vocab import DigitVocab
 
@@ -78,8 +78,7 @@ def _check_inputs(labels: torch.Tensor, logits: torch.Tensor) -> None:
             f"logits must be [seq, batch, vocab_local] as Megatron's output layer gives, got "
             f"shape {tuple(logits.shape)}"
         )
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be an integer tensor of token ids, got {labels.dtype}")
+    check_label_dtype(labels)
     s, b, _ = logits.shape
     if tuple(labels.shape) != (b, s):
         raise ValueError(

@@ -33,13 +33,18 @@ class NumberLayout(NamedTuple):
     frac_place: torch.Tensor
 
 
-def _check_labels(labels: torch.Tensor) -> None:
+def check_label_dtype(labels: torch.Tensor) -> None:
+    """Raise unless `labels` is an integer tensor (token ids)."""
     if not isinstance(labels, torch.Tensor):
         raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
-    if labels.dim() != 2:
-        raise ValueError(f"labels must be [batch, seq], got shape {tuple(labels.shape)}")
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
         raise TypeError(f"labels must be an integer tensor of token ids, got {labels.dtype}")
+
+
+def _check_labels(labels: torch.Tensor) -> None:
+    check_label_dtype(labels)
+    if labels.dim() != 2:
+        raise ValueError(f"labels must be [batch, seq], got shape {tuple(labels.shape)}")
 
 
 def number_layout(

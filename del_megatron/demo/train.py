@@ -187,10 +187,8 @@ def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVoc
             next_ids = _full_logits(model, tokens)[:, -1].argmax(-1)
             tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
             for row, token in enumerate(next_ids.tolist()):
-                if token != tok.eod and (not generated[row] or generated[row][-1] != tok.eod):
+                if not (generated[row] and generated[row][-1] == tok.eod):  # row not finished
                     generated[row].append(token)
-                elif not generated[row] or generated[row][-1] != tok.eod:
-                    generated[row].append(tok.eod)
         for problem, ids in zip(group, generated, strict=True):
             text = tok.decode([i for i in ids if i != tok.eod])
             value, truth = _parse_number(text), float(problem["answer"])
