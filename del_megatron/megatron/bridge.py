@@ -30,7 +30,7 @@ from .hook import (
     check_model_config,
     register,
 )
-from .telemetry import digit_reduced, find, report_entries
+from .telemetry import apply_to_loss
 
 PROVIDER_FIELDS = [
     (FIELD_LOSS, str, dataclasses.field(default="ce")),
@@ -81,11 +81,9 @@ def wrap_loss_function(loss_function: partial) -> Callable:
     loss_mask = loss_function.args[0]
 
     def wrapped(output_tensor: torch.Tensor, *args, **kwargs):
-        rec = find(output_tensor)
-        if rec is None:
-            return loss_function(output_tensor, *args, **kwargs)
-        loss, num_tokens, report = loss_function(digit_reduced(loss_mask, rec), *args, **kwargs)
-        return loss, num_tokens, {**report, **report_entries(loss_mask, rec)}
+        return apply_to_loss(
+            loss_mask, output_tensor, lambda losses: loss_function(losses, *args, **kwargs)
+        )
 
     return wrapped
 

@@ -74,24 +74,35 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     }
 
 
+def apply_to_loss(
+    loss_mask: torch.Tensor, output_tensor: torch.Tensor, base: Callable[[torch.Tensor], tuple]
+) -> tuple:
+    """Run a framework loss `base(per_token_losses) -> (loss_sum, num_tokens, report)` on the
+    "digit"-reduced losses (so its NaN/spike checks and 'lm loss' see the real loss) and add the
+    telemetry entries. Outputs the hook did not record go to `base` unchanged."""
+    rec = find(output_tensor)
+    if rec is None:  # the model computed its loss without del_megatron
+        return base(output_tensor)
+    result = base(digit_reduced(loss_mask, rec))
+    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
+        raise ValueError(
+            "del_megatron needs a loss function returning (loss_sum, num_tokens, report), as "
+            "Megatron-LM's pretrain_gpt.py (core 0.12 on) and Megatron-Bridge's do"
+        )
+    loss, num_tokens, report = result
+    return loss, num_tokens, {**report, **report_entries(loss_mask, rec)}
+
+
 def make_loss_func(base_loss_func: Callable) -> Callable:
     """Wrap a Megatron-LM loss_func(loss_mask, output_tensor, model=None) -> (loss_sum,
-    num_tokens, report): applies the "digit" reduction (through the per-token losses, so that
-    the base's NaN/spike checks and its 'lm loss' see the real loss) and adds telemetry."""
+    num_tokens, report) with the "digit" reduction and the telemetry (see apply_to_loss)."""
 
     def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model=None, **kwargs):
-        rec = find(output_tensor)
-        if rec is None:  # the model computed its loss without del_megatron
-            return base_loss_func(loss_mask, output_tensor, model=model, **kwargs)
-        adjusted = digit_reduced(loss_mask, rec)
-        result = base_loss_func(loss_mask, adjusted, model=model, **kwargs)
-        if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
-            raise ValueError(
-                "del_megatron needs a loss_func returning (loss_sum, num_tokens, report), as "
-                "Megatron-LM's pretrain_gpt.py does from core 0.12 on"
-            )
-        loss, num_tokens, report = result
-        return loss, num_tokens, {**report, **report_entries(loss_mask, rec)}
+        return apply_to_loss(
+            loss_mask,
+            output_tensor,
+            lambda losses: base_loss_func(loss_mask, losses, model=model, **kwargs),
+        )
 
     return loss_func
 
