@@ -1,6 +1,6 @@
 """del-megatron: the Digit Entropy Loss (and its peers) for Megatron-Core, vocab-parallel."""
 
-from .loss import LossParts, NumericalLossConfig, numerical_lm_loss
+from .loss import LossParts, NumericalLossConfig, numerical_linear_loss, numerical_lm_loss
 from .numbers import place_weights
 from .vocab import DigitVocab
 
@@ -10,6 +10,7 @@ __all__ = [
     "DigitVocab",
     "LossParts",
     "NumericalLossConfig",
+    "numerical_linear_loss",
     "numerical_lm_loss",
     "place_weights",
     "__version__",

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
 import torch
+import torch.distributed as dist
 
 from .heads import HEADS
+from .linear import LinearDigitCrossEntropy, default_chunk_rows
 from .numbers import NumberLayout, check_label_dtype, del_weights, dist2_weights, number_layout
-from .parallel import ProcessGroup, digit_cross_entropy
+from .parallel import ProcessGroup, VocabShard, digit_cross_entropy
 from .vocab import DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
@@ -113,25 +115,43 @@ def loss_pieces(
     tp_group: ProcessGroup = None,
 ) -> LossPieces:
     """Everything numerical_lm_loss composes its result from; see there for shapes."""
-    if not isinstance(cfg, NumericalLossConfig):
-        raise TypeError(f"cfg must be a NumericalLossConfig, got {type(cfg).__name__}")
+    _check_config(cfg)
     _check_inputs(labels, logits)
     s, b, v_local = logits.shape
-    vocab = cfg.vocab if cfg.vocab is not None else _CE_ONLY_VOCAB
-
-    target = labels.transpose(0, 1).reshape(-1).long()  # [s * b], rows of logits.view(-1, V)
     ce, digit_logits = digit_cross_entropy(
         logits.reshape(s * b, v_local),
-        target,
-        vocab,
+        _flat_target(labels),
+        _vocab(cfg),
         tp_group=tp_group,
         ignore_index=cfg.ignore_index,
         inplace=cfg.inplace,
         validate=cfg.validate,
     )
+    return _compose_pieces(labels, ce, digit_logits, cfg)
+
+
+def _check_config(cfg: NumericalLossConfig) -> None:
+    if not isinstance(cfg, NumericalLossConfig):
+        raise TypeError(f"cfg must be a NumericalLossConfig, got {type(cfg).__name__}")
+
+
+def _vocab(cfg: NumericalLossConfig) -> DigitVocab:
+    return cfg.vocab if cfg.vocab is not None else _CE_ONLY_VOCAB
+
+
+def _flat_target(labels: torch.Tensor) -> torch.Tensor:
+    """[b, s] -> [s * b] int64, in the row order of logits [s, b, V].view(-1, V)."""
+    return labels.transpose(0, 1).reshape(-1).long()
+
+
+def _compose_pieces(
+    labels: torch.Tensor, ce: torch.Tensor, digit_logits: torch.Tensor, cfg: NumericalLossConfig
+) -> LossPieces:
+    """ce [s * b] and digit logits [s * b, 10] of the primitive -> LossPieces of [b, s]."""
+    b, s = labels.shape
     ce = ce.view(s, b).transpose(0, 1).contiguous()  # [b, s], as Megatron returns it
     digit_logits = digit_logits.view(s, b, -1).transpose(0, 1)
-    layout = number_layout(labels, vocab, cfg.ignore_index)
+    layout = number_layout(labels, _vocab(cfg), cfg.ignore_index)
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
     else:
@@ -141,6 +161,21 @@ def loss_pieces(
         term = HEADS[cfg.loss](z.reshape(-1, z.size(-1)), layout.digit.reshape(-1), w.reshape(-1))
         term = term.view(b, s)
     return LossPieces(ce, term, layout.is_digit, digit_logits, layout.digit)
+
+
+def _result(
+    labels: torch.Tensor, pieces: LossPieces, cfg: NumericalLossConfig, return_parts: bool
+) -> Union[torch.Tensor, LossParts]:
+    if return_parts:
+        return LossParts(ce=pieces.ce, term=pieces.term, is_digit=pieces.is_digit)
+    if cfg.loss == "ce":
+        return pieces.ce
+    term = pieces.term
+    if cfg.reduction == "digit":
+        n_tokens = (labels != cfg.ignore_index).sum().to(term.dtype)
+        n_digits = pieces.is_digit.sum().clamp(min=1).to(term.dtype)
+        term = term * (n_tokens / n_digits)
+    return pieces.ce + cfg.alpha * term
 
 
 def numerical_lm_loss(
@@ -159,13 +194,82 @@ def numerical_lm_loss(
     per-micro-batch digit reduction. With return_parts, a LossParts of [b, s] tensors instead.
     """
     pieces = loss_pieces(labels, logits, cfg, tp_group)
-    if return_parts:
-        return LossParts(ce=pieces.ce, term=pieces.term, is_digit=pieces.is_digit)
-    if cfg.loss == "ce":
-        return pieces.ce
-    term = pieces.term
-    if cfg.reduction == "digit":
-        n_tokens = (labels != cfg.ignore_index).sum().to(term.dtype)
-        n_digits = pieces.is_digit.sum().clamp(min=1).to(term.dtype)
-        term = term * (n_tokens / n_digits)
-    return pieces.ce + cfg.alpha * term
+    return _result(labels, pieces, cfg, return_parts)
+
+
+def numerical_linear_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: NumericalLossConfig,
+    tp_group: ProcessGroup = None,
+    return_parts: bool = False,
+    chunk_tokens: Optional[int] = None,
+) -> Union[torch.Tensor, LossParts]:
+    """numerical_lm_loss(labels, hidden @ weight.T, cfg, tp_group) without the logits.
+
+    hidden [s, b, h] (the output layer's input, the whole sequence on every tensor-parallel
+    rank), weight [V_local, h] (this rank's shard of the output layer, or the whole one when
+    tp_group is None), labels [b, s] int64. Tokens are processed `chunk_tokens` at a time (default:
+    256 MiB of fp32 logits per chunk) and multiplied out again in backward. Gradients reach hidden
+    (summed over the tensor-parallel group) and weight. Returns what numerical_lm_loss returns.
+    """
+    _check_config(cfg)
+    _check_linear_inputs(hidden, weight, labels, tp_group)
+    s, b, h = hidden.shape
+    shard = VocabShard.of(weight.size(0), tp_group)
+    vocab = _vocab(cfg)
+    vocab.check_vocab_size(shard.full_size)
+    if chunk_tokens is None:
+        chunk_tokens = default_chunk_rows(shard.local_size)
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    ce, digit_logits = LinearDigitCrossEntropy.apply(
+        hidden.reshape(s * b, h),
+        weight,
+        _flat_target(labels),
+        vocab,
+        shard,
+        cfg.ignore_index,
+        chunk_tokens,
+        cfg.validate,
+    )
+    return _result(labels, _compose_pieces(labels, ce, digit_logits, cfg), cfg, return_parts)
+
+
+def _check_linear_inputs(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, tp_group: ProcessGroup
+) -> None:
+    for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if hidden.dim() != 3:
+        raise ValueError(
+            f"hidden must be [seq, batch, hidden] as Megatron's output layer takes it, got shape "
+            f"{tuple(hidden.shape)}"
+        )
+    if weight.dim() != 2 or weight.size(1) != hidden.size(2):
+        raise ValueError(
+            f"weight must be [vocab_local, hidden] = [V/tp, {hidden.size(2)}] (the output layer's "
+            f"weight shard), got shape {tuple(weight.shape)}"
+        )
+    if not hidden.dtype.is_floating_point or weight.dtype != hidden.dtype:
+        raise TypeError(
+            f"hidden and weight must share one floating dtype, got {hidden.dtype} and "
+            f"{weight.dtype} (cast the weight, or run the output layer under the same autocast)"
+        )
+    check_label_dtype(labels)
+    s, b, _ = hidden.shape
+    if labels.dim() == 2 and labels.size(0) == b and tp_group is not None:
+        tp = dist.get_world_size(tp_group)
+        if tp > 1 and labels.size(1) == s * tp:
+            raise ValueError(
+                f"hidden holds {s} of the {labels.size(1)} positions: it is sequence-parallel. "
+                "Gather it over the tensor-parallel group first "
+                "(megatron.core.tensor_parallel.gather_from_sequence_parallel_region)"
+            )
+    if tuple(labels.shape) != (b, s):
+        raise ValueError(
+            f"labels must be [batch, seq] = [{b}, {s}] to match hidden [seq, batch, hidden] = "
+            f"{list(hidden.shape)}, got {list(labels.shape)}"
+        )

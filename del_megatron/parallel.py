@@ -10,7 +10,7 @@ collective: it writes `softmax - onehot` into the saved softmax and adds the dig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -52,11 +52,34 @@ class VocabShard:
             dist.all_reduce(tensor, op=op, group=self.group)
 
 
-def _digit_columns(vocab: DigitVocab, shard: VocabShard, device: torch.device):
+class DigitColumns(NamedTuple):
     """Local column of each digit id (clamped into the shard) [10] and whether this rank owns it."""
-    ids = torch.tensor(vocab.digit_ids, device=device)
-    owned = (ids >= shard.start) & (ids < shard.end)
-    return torch.where(owned, ids - shard.start, 0), owned
+
+    columns: torch.Tensor
+    owned: torch.Tensor
+
+    @classmethod
+    def of(cls, vocab: DigitVocab, shard: VocabShard, device: torch.device) -> DigitColumns:
+        ids = torch.tensor(vocab.digit_ids, device=device)
+        owned = (ids >= shard.start) & (ids < shard.end)
+        return cls(torch.where(owned, ids - shard.start, 0), owned)
+
+
+class TargetRows(NamedTuple):
+    """Per-row target facts, each [N]: not ignored, owned by this shard, local column (0 if not)."""
+
+    valid: torch.Tensor
+    in_shard: torch.Tensor
+    local_target: torch.Tensor
+
+    @classmethod
+    def of(cls, target: torch.Tensor, shard: VocabShard, ignore_index: int) -> TargetRows:
+        valid = target != ignore_index
+        in_shard = valid & (target >= shard.start) & (target < shard.end)
+        return cls(valid, in_shard, torch.where(in_shard, target - shard.start, 0))
+
+    def rows(self, index: slice) -> TargetRows:
+        return TargetRows(self.valid[index], self.in_shard[index], self.local_target[index])
 
 
 def _check_shard_sizes(maxima: torch.Tensor, shard: VocabShard) -> None:
@@ -72,7 +95,7 @@ def _check_shard_sizes(maxima: torch.Tensor, shard: VocabShard) -> None:
         )
 
 
-def _check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: int) -> None:
+def check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: int) -> None:
     bad = valid & ((target < 0) | (target >= full_size))
     if bool(bad.any()):
         values = target[bad]
@@ -81,6 +104,68 @@ def _check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size:
             f"max {int(values.max())}); mark ignored positions with ignore_index, or check that "
             "the logits are the whole vocab (tp_group=None) or this rank's shard of it"
         )
+
+
+def softmax_cross_entropy_(
+    work: torch.Tensor,
+    rows: TargetRows,
+    digits: DigitColumns,
+    shard: VocabShard,
+    check_sizes: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Overwrites `work` [N, V/tp] (fp32/fp64 logits) with the softmax over the full vocab.
+
+    Returns ce [N] (0 on ignored rows), the raw digit logits [N, 10] and the log normaliser
+    (log-sum-exp of the logits) [N]. Two collectives: a MAX all-reduce of [N + 2] (row maxima and
+    +-local size) and a SUM all-reduce of [N, 12].
+    """
+    dtype = work.dtype
+    # [N, 12]: sum of exp | shifted target logit | ten raw digit logits.
+    packed = torch.empty(work.size(0), 2 + NUM_DIGITS, dtype=dtype, device=work.device)
+    packed[:, 2:] = torch.where(digits.owned, work[:, digits.columns], 0.0)
+
+    maxima = torch.empty(work.size(0) + 2, dtype=dtype, device=work.device)
+    torch.amax(work, dim=-1, out=maxima[:-2])
+    maxima[-2] = shard.local_size
+    maxima[-1] = -shard.local_size
+    shard.all_reduce(maxima, dist.ReduceOp.MAX)
+    if check_sizes and shard.world_size > 1:
+        _check_shard_sizes(maxima, shard)
+    row_max = maxima[:-2]
+
+    work.sub_(row_max.unsqueeze(-1))
+    target_logit = work.gather(-1, rows.local_target.unsqueeze(-1)).squeeze(-1)
+    packed[:, 1] = torch.where(rows.in_shard, target_logit, 0.0)
+    work.exp_()
+    torch.sum(work, dim=-1, out=packed[:, 0])
+    shard.all_reduce(packed, dist.ReduceOp.SUM)
+    sum_exp, target_logit = packed[:, 0], packed[:, 1]
+
+    log_sum_exp = torch.log(sum_exp)
+    ce = torch.where(rows.valid, log_sum_exp - target_logit, 0.0)
+    work.div_(sum_exp.unsqueeze(-1))
+    return ce, packed[:, 2:].contiguous(), log_sum_exp + row_max
+
+
+def softmax_gradient_(
+    grad: torch.Tensor,
+    rows: TargetRows,
+    digits: DigitColumns,
+    grad_ce: Optional[torch.Tensor],
+    grad_digits: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Turns the softmax `grad` [N, V/tp] in place into d(loss)/d(logits) given the upstream
+    gradients of ce [N] and of the digit logits [N, 10] (None: zero)."""
+    if grad_ce is None:
+        grad.zero_()
+    else:
+        onehot = rows.in_shard.to(grad.dtype).unsqueeze(-1)
+        grad.scatter_add_(-1, rows.local_target.unsqueeze(-1), -onehot)
+        grad.mul_(torch.where(rows.valid, grad_ce, 0.0).to(grad.dtype).unsqueeze(-1))
+    if grad_digits is not None:
+        local = torch.where(digits.owned, grad_digits.to(grad.dtype), 0.0)
+        grad.scatter_add_(-1, digits.columns.expand_as(local), local)
+    return grad
 
 
 class DigitCrossEntropy(torch.autograd.Function):
@@ -104,64 +189,28 @@ class DigitCrossEntropy(torch.autograd.Function):
         validate: bool,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        columns, owned = _digit_columns(vocab, shard, logits.device)
-        digit_logits = torch.where(owned, logits[:, columns].to(compute_dtype), 0.0)
-
         if logits.dtype == compute_dtype:
             work = logits if inplace else logits.clone()
         else:
             work = logits.to(compute_dtype)
-
-        # [N + 2]: row maxima, then +-local size for the shard-size check.
-        maxima = torch.empty(work.size(0) + 2, dtype=compute_dtype, device=work.device)
-        torch.amax(work, dim=-1, out=maxima[:-2])
-        maxima[-2] = shard.local_size
-        maxima[-1] = -shard.local_size
-        shard.all_reduce(maxima, dist.ReduceOp.MAX)
-        row_max = maxima[:-2]
-        valid = target != ignore_index
+        rows = TargetRows.of(target, shard, ignore_index)
         if validate:
-            if shard.world_size > 1:
-                _check_shard_sizes(maxima, shard)
-            _check_labels_in_vocab(target, valid, shard.full_size)
+            check_labels_in_vocab(target, rows.valid, shard.full_size)
+        digits = DigitColumns.of(vocab, shard, logits.device)
+        ce, digit_logits, _ = softmax_cross_entropy_(work, rows, digits, shard, validate)
 
-        work.sub_(row_max.unsqueeze(-1))
-        in_shard = valid & (target >= shard.start) & (target < shard.end)
-        local_target = torch.where(in_shard, target - shard.start, 0)
-
-        # [N, 12]: sum of exp | shifted target logit | ten raw digit logits, one SUM all-reduce.
-        packed = torch.empty(work.size(0), 2 + NUM_DIGITS, dtype=compute_dtype, device=work.device)
-        target_logit = work.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
-        packed[:, 1] = torch.where(in_shard, target_logit, 0.0)
-        packed[:, 2:] = digit_logits
-        work.exp_()
-        torch.sum(work, dim=-1, out=packed[:, 0])
-        shard.all_reduce(packed, dist.ReduceOp.SUM)
-        sum_exp, target_logit, digit_logits = packed[:, 0], packed[:, 1], packed[:, 2:]
-
-        ce = torch.where(valid, torch.log(sum_exp) - target_logit, 0.0)
-        softmax = work.div_(sum_exp.unsqueeze(-1))
-
-        ctx.save_for_backward(softmax, local_target, in_shard, valid, columns, owned)
+        ctx.save_for_backward(work, *rows, *digits)
         ctx.set_materialize_grads(False)
-        ctx.input_dtype = logits.dtype
-        return ce, digit_logits.contiguous()
+        return ce, digit_logits
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        softmax, local_target, in_shard, valid, columns, owned = ctx.saved_tensors
+        softmax, valid, in_shard, local_target, columns, owned = ctx.saved_tensors
         # Reused in place as Megatron does; fp64 (a checking dtype) keeps it so that backward can
         # run more than once (gradcheck).
         grad = softmax.clone() if softmax.dtype == torch.float64 else softmax
-        if grad_ce is None:
-            grad.zero_()
-        else:
-            onehot = in_shard.to(grad.dtype).unsqueeze(-1)
-            grad.scatter_add_(-1, local_target.unsqueeze(-1), -onehot)
-            grad.mul_(torch.where(valid, grad_ce, 0.0).to(grad.dtype).unsqueeze(-1))
-        if grad_digits is not None:
-            local = torch.where(owned, grad_digits.to(grad.dtype), 0.0)
-            grad.scatter_add_(-1, columns.expand_as(local), local)
+        rows, digits = TargetRows(valid, in_shard, local_target), DigitColumns(columns, owned)
+        softmax_gradient_(grad, rows, digits, grad_ce, grad_digits)
         return grad, None, None, None, None, None, None
 
 

@@ -1,0 +1,102 @@
+"""The logits-free primitive: output-layer matmul and DigitCrossEntropy, chunked over tokens.
+
+Never holds the [N, V/tp] logits: each chunk of rows is multiplied out, reduced to its
+cross-entropy, digit logits and log normaliser, and dropped. Backward multiplies each chunk out
+again (one extra matmul) and turns it into the gradients of hidden and weight. Per chunk the
+collectives are those of DigitCrossEntropy; backward adds one SUM all-reduce of grad_hidden
+[N, h] over the tensor-parallel group, as Megatron's ColumnParallelLinear does.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .parallel import (
+    DigitColumns,
+    TargetRows,
+    VocabShard,
+    check_labels_in_vocab,
+    softmax_cross_entropy_,
+    softmax_gradient_,
+)
+from .vocab import NUM_DIGITS, DigitVocab
+
+# fp32 bytes of one chunk's logits when the caller gives no chunk size.
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+def default_chunk_rows(local_vocab: int) -> int:
+    return max(1, DEFAULT_CHUNK_BYTES // (4 * local_vocab))
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, compute_dtype) -> torch.Tensor:
+    """[c, h] x [V/tp, h] -> [c, V/tp] in compute dtype, rounded through the input dtype as the
+    materialised output layer would give them."""
+    return torch.matmul(hidden, weight.t()).to(compute_dtype)
+
+
+class LinearDigitCrossEntropy(torch.autograd.Function):
+    """(hidden [N, h], weight [V/tp, h], target [N]) -> (ce [N], digit_logits [N, 10])."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        vocab: DigitVocab,
+        shard: VocabShard,
+        ignore_index: int,
+        chunk_rows: int,
+        validate: bool,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        compute_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        n = hidden.size(0)
+        rows = TargetRows.of(target, shard, ignore_index)
+        if validate:
+            check_labels_in_vocab(target, rows.valid, shard.full_size)
+        digits = DigitColumns.of(vocab, shard, hidden.device)
+        ce = torch.empty(n, dtype=compute_dtype, device=hidden.device)
+        digit_logits = torch.empty(n, NUM_DIGITS, dtype=compute_dtype, device=hidden.device)
+        log_norm = torch.empty(n, dtype=compute_dtype, device=hidden.device)
+        for start in range(0, n, chunk_rows):
+            part = slice(start, start + chunk_rows)
+            work = _chunk_logits(hidden[part], weight, compute_dtype)
+            ce[part], digit_logits[part], log_norm[part] = softmax_cross_entropy_(
+                work, rows.rows(part), digits, shard, check_sizes=validate and start == 0
+            )
+            del work
+        ctx.save_for_backward(hidden, weight, log_norm, *rows, *digits)
+        ctx.shard, ctx.chunk_rows = shard, chunk_rows
+        ctx.set_materialize_grads(False)
+        return ce, digit_logits
+
+    @staticmethod
+    def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
+        hidden, weight, log_norm, valid, in_shard, local_target, columns, owned = ctx.saved_tensors
+        rows, digits = TargetRows(valid, in_shard, local_target), DigitColumns(columns, owned)
+        shard, chunk_rows = ctx.shard, ctx.chunk_rows
+        compute_dtype = log_norm.dtype
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
+        for start in range(0, hidden.size(0), chunk_rows):
+            part = slice(start, start + chunk_rows)
+            grad = _chunk_logits(hidden[part], weight, compute_dtype)
+            grad.sub_(log_norm[part].unsqueeze(-1)).exp_()  # the softmax again
+            softmax_gradient_(
+                grad,
+                rows.rows(part),
+                digits,
+                None if grad_ce is None else grad_ce[part],
+                None if grad_digits is None else grad_digits[part],
+            )
+            # The materialised path hands the output layer a gradient in the logits' dtype.
+            grad = grad.to(hidden.dtype)
+            torch.matmul(grad, weight, out=grad_hidden[part])
+            grad_weight.add_(torch.matmul(grad.t(), hidden[part]))
+            del grad
+        shard.all_reduce(grad_hidden, dist.ReduceOp.SUM)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None, None

@@ -1,0 +1,127 @@
+"""Bodies of the logits-free path tests; each runs on every rank of a gloo group."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import del_megatron as dm
+
+from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
+
+LOSSES = ("ce", "del", "ntl_was", "ntl_mse", "dist2")
+SEQ, BATCH, HIDDEN = 23, 3, 16
+
+
+def _inputs(seed: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(SEQ, BATCH, HIDDEN, generator=gen, dtype=torch.float64).to(dtype)
+    weight = torch.randn(PADDED_VOCAB_SIZE, HIDDEN, generator=gen, dtype=torch.float64) / 2
+    upstream = torch.rand(BATCH, SEQ, generator=gen) + 0.5
+    return number_rich_labels(BATCH, SEQ, seed), hidden, weight.to(dtype), upstream
+
+
+def _materialised(labels, hidden, weight, cfg, upstream):
+    """numerical_lm_loss of the whole-vocab logits on one device, and its gradients."""
+    hidden, weight = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    logits = torch.matmul(hidden, weight.t())
+    loss = dm.numerical_lm_loss(labels, logits, cfg)
+    (loss * upstream.to(loss.dtype)).sum().backward()
+    return loss.detach(), hidden.grad, weight.grad
+
+
+def _logits_free(labels, hidden, weight, cfg, upstream, chunk_tokens):
+    """numerical_linear_loss on this rank's vocab shard of the weight, and its gradients."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    hidden = hidden.clone().requires_grad_(True)
+    shard = weight.chunk(world, dim=0)[rank].clone().requires_grad_(True)
+    loss = dm.numerical_linear_loss(
+        hidden, shard, labels, cfg, tp_group=dist.group.WORLD, chunk_tokens=chunk_tokens
+    )
+    (loss * upstream.to(loss.dtype)).sum().backward()
+    full_weight_grad = [torch.empty_like(shard.grad) for _ in range(world)]
+    dist.all_gather(full_weight_grad, shard.grad)
+    return loss.detach(), hidden.grad, torch.cat(full_weight_grad)
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = expected.abs().max().double().clamp(min=1e-30)
+    return ((actual.double() - expected.double()).abs().max() / scale).item()
+
+
+def check_equals_materialised(seed: int) -> None:
+    """Every loss and reduction, fp32 and bf16, several chunk sizes: values and gradients of
+    hidden and weight equal those of the materialised logits path."""
+    # fp32: a few ulps. bf16: both paths round logits and gradients to bf16, but the logits-free
+    # path sums the weight gradient over chunks in fp32; a few bf16 ulps apart.
+    for dtype, tol, grad_tol in ((torch.float32, 2e-6, 2e-6), (torch.bfloat16, 2e-6, 3e-2)):
+        labels, hidden, weight, upstream = _inputs(seed, dtype)
+        for loss in LOSSES:
+            for reduction, chunk in (("token", 5), ("digit", SEQ * BATCH)):
+                cfg = dm.NumericalLossConfig(
+                    loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
+                )
+                ref = _materialised(labels, hidden, weight, cfg, upstream)
+                ours = _logits_free(labels, hidden, weight, cfg, upstream, chunk)
+                what = f"{loss} {reduction} {dtype} chunk {chunk}"
+                assert ours[0].dtype == torch.float32, what
+                assert ours[1].dtype == dtype and ours[2].dtype == dtype, what
+                torch.testing.assert_close(ours[0], ref[0], rtol=tol, atol=tol, msg=what)
+                assert _relative_error(ours[1], ref[1]) < grad_tol, f"grad hidden {what}"
+                assert _relative_error(ours[2], ref[2]) < grad_tol, f"grad weight {what}"
+                assert torch.all(ours[0][labels == IGNORE] == 0), what
+
+
+def check_gradcheck_float64(seed: int) -> None:
+    """fp64 gradcheck through the collectives: every rank perturbs the same hidden and whole weight
+    in lockstep; the weight shard's gradient is all-gathered back to the whole weight."""
+    labels = number_rich_labels(2, 4, seed)
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(4, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(PADDED_VOCAB_SIZE, 3, generator=gen, dtype=torch.float64)
+    weight.requires_grad_(True)
+    for loss in LOSSES:
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction="digit")
+
+        def fn(h, w, cfg=cfg):
+            shard = _RowShardOfReplicated.apply(w)
+            group = dist.group.WORLD
+            return dm.numerical_linear_loss(h, shard, labels, cfg, group, chunk_tokens=3)
+
+        assert torch.autograd.gradcheck(fn, (hidden, weight), fast_mode=True), loss
+
+
+class _RowShardOfReplicated(torch.autograd.Function):
+    """This rank's rows of a weight every rank holds whole; backward all-gathers the rows."""
+
+    @staticmethod
+    def forward(ctx, full):
+        return full.chunk(dist.get_world_size(), dim=0)[dist.get_rank()].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        pieces = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, grad.contiguous())
+        return torch.cat(pieces, dim=0)
+
+
+def check_sequence_parallel_hidden_refused() -> None:
+    """A sequence-parallel hidden (seq / tp rows) is refused on every rank with the fix named."""
+    world = dist.get_world_size()
+    labels = number_rich_labels(BATCH, 4 * world, 0)
+    hidden = torch.randn(4, BATCH, HIDDEN)
+    weight = torch.randn(PADDED_VOCAB_SIZE // world, HIDDEN)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+    try:
+        dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=dist.group.WORLD)
+    except ValueError as exc:
+        assert "sequence-parallel" in str(exc), exc
+    else:
+        raise AssertionError("a sequence-parallel hidden was not refused")
+
+
+def run_all(seed: int) -> None:
+    check_equals_materialised(seed)
+    check_gradcheck_float64(seed)
+    if dist.get_world_size() > 1:
+        check_sequence_parallel_hidden_refused()
