@@ -61,31 +61,35 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         digits = DigitColumns.of(vocab, shard, hidden.device)
         ce = torch.empty(n, dtype=compute_dtype, device=hidden.device)
         digit_logits = torch.empty(n, NUM_DIGITS, dtype=compute_dtype, device=hidden.device)
-        log_norm = torch.empty(n, dtype=compute_dtype, device=hidden.device)
+        # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
+        shift = torch.empty(n, dtype=compute_dtype, device=hidden.device)
+        log_sum_exp = torch.empty_like(shift)
         for start in range(0, n, chunk_rows):
             part = slice(start, start + chunk_rows)
             work = _chunk_logits(hidden[part], weight, compute_dtype)
-            ce[part], digit_logits[part], log_norm[part] = softmax_cross_entropy_(
+            ce[part], digit_logits[part], shift[part], log_sum_exp[part] = softmax_cross_entropy_(
                 work, rows.rows(part), digits, shard, check_sizes=validate and start == 0
             )
             del work
-        ctx.save_for_backward(hidden, weight, log_norm, *rows, *digits)
+        ctx.save_for_backward(hidden, weight, shift, log_sum_exp, *rows, *digits)
         ctx.shard, ctx.chunk_rows = shard, chunk_rows
         ctx.set_materialize_grads(False)
         return ce, digit_logits
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        hidden, weight, log_norm, valid, in_shard, local_target, columns, owned = ctx.saved_tensors
+        hidden, weight, shift, log_sum_exp, valid, in_shard, local_target, columns, owned = (
+            ctx.saved_tensors
+        )
         rows, digits = TargetRows(valid, in_shard, local_target), DigitColumns(columns, owned)
         shard, chunk_rows = ctx.shard, ctx.chunk_rows
-        compute_dtype = log_norm.dtype
+        compute_dtype = shift.dtype
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
         for start in range(0, hidden.size(0), chunk_rows):
             part = slice(start, start + chunk_rows)
             grad = _chunk_logits(hidden[part], weight, compute_dtype)
-            grad.sub_(log_norm[part].unsqueeze(-1)).exp_()  # the softmax again
+            grad.sub_(shift[part].unsqueeze(-1)).sub_(log_sum_exp[part].unsqueeze(-1)).exp_()
             softmax_gradient_(
                 grad,
                 rows.rows(part),

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from .heads import HEADS
 from .linear import LinearDigitCrossEntropy, default_chunk_rows
 from .numbers import NumberLayout, check_label_dtype, del_weights, dist2_weights, number_layout
-from .parallel import ProcessGroup, VocabShard, digit_cross_entropy
+from .parallel import KERNELS, ProcessGroup, VocabShard, digit_cross_entropy
 from .vocab import DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
@@ -31,6 +31,9 @@ class NumericalLossConfig:
     inplace:      let fp32 logits be overwritten (softmax, then gradient) to save a buffer, as
                   Megatron's own vocab_parallel_cross_entropy always does
     validate:     check label ids against the vocab (one host sync per call) and shard sizes
+    kernel:       "auto" (compiled on CUDA, eager elsewhere), "eager" (an fp32 softmax kept for
+                  backward, as Megatron does) or "compiled" (torch.compile'd passes that keep the
+                  logits instead and recompute the softmax in backward; `inplace` does not apply)
     """
 
     loss: str = "del"
@@ -40,12 +43,15 @@ class NumericalLossConfig:
     ignore_index: int = -100
     inplace: bool = False
     validate: bool = True
+    kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.vocab is not None and not isinstance(self.vocab, DigitVocab):
             raise TypeError(f"vocab must be a DigitVocab, got {type(self.vocab).__name__}")
         if self.loss != "ce" and self.vocab is None:
@@ -126,6 +132,7 @@ def loss_pieces(
         ignore_index=cfg.ignore_index,
         inplace=cfg.inplace,
         validate=cfg.validate,
+        kernel=cfg.kernel,
     )
     return _compose_pieces(labels, ce, digit_logits, cfg)
 

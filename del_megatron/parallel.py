@@ -112,12 +112,12 @@ def softmax_cross_entropy_(
     digits: DigitColumns,
     shard: VocabShard,
     check_sizes: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Overwrites `work` [N, V/tp] (fp32/fp64 logits) with the softmax over the full vocab.
 
-    Returns ce [N] (0 on ignored rows), the raw digit logits [N, 10] and the log normaliser
-    (log-sum-exp of the logits) [N]. Two collectives: a MAX all-reduce of [N + 2] (row maxima and
-    +-local size) and a SUM all-reduce of [N, 12].
+    Returns ce [N] (0 on ignored rows), the raw digit logits [N, 10], the row maxima [N] and
+    the log-sum-exp of the logits minus those maxima [N]. Two collectives: a MAX all-reduce of
+    [N + 2] (row maxima and +-local size) and a SUM all-reduce of [N, 12].
     """
     dtype = work.dtype
     # [N, 12]: sum of exp | shifted target logit | ten raw digit logits.
@@ -144,7 +144,7 @@ def softmax_cross_entropy_(
     log_sum_exp = torch.log(sum_exp)
     ce = torch.where(rows.valid, log_sum_exp - target_logit, 0.0)
     work.div_(sum_exp.unsqueeze(-1))
-    return ce, packed[:, 2:].contiguous(), log_sum_exp + row_max
+    return ce, packed[:, 2:].contiguous(), row_max, log_sum_exp
 
 
 def softmax_gradient_(
@@ -197,7 +197,7 @@ class DigitCrossEntropy(torch.autograd.Function):
         if validate:
             check_labels_in_vocab(target, rows.valid, shard.full_size)
         digits = DigitColumns.of(vocab, shard, logits.device)
-        ce, digit_logits, _ = softmax_cross_entropy_(work, rows, digits, shard, validate)
+        ce, digit_logits, _, _ = softmax_cross_entropy_(work, rows, digits, shard, validate)
 
         ctx.save_for_backward(work, *rows, *digits)
         ctx.set_materialize_grads(False)
@@ -214,6 +214,18 @@ class DigitCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
+KERNELS = ("auto", "eager", "compiled")
+
+
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    """ "auto" is "compiled" on CUDA devices and "eager" elsewhere."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "auto":
+        return "compiled" if device.type == "cuda" else "eager"
+    return kernel
+
+
 def digit_cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -222,13 +234,22 @@ def digit_cross_entropy(
     ignore_index: int = -100,
     inplace: bool = False,
     validate: bool = True,
+    kernel: str = "eager",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] and digit logits [N, 10] from logits [N, V/tp] and targets [N] (int64).
 
     `tp_group=None`: `logits` hold the whole vocab. `inplace=True` lets fp32 logits be overwritten
     (with the softmax, then the gradient) to save one [N, V/tp] buffer. `validate` checks labels
-    against the vocab (one host sync) and that shard sizes agree.
+    against the vocab (one host sync) and that shard sizes agree. `kernel`: "eager" keeps an fp32
+    softmax for backward; "compiled" (fused.py) keeps the logits and recomputes it, fused by
+    torch.compile; "auto" picks "compiled" on CUDA.
     """
     shard = VocabShard.of(logits.size(-1), tp_group)
     vocab.check_vocab_size(shard.full_size)
+    if resolve_kernel(kernel, logits.device) == "compiled":
+        from .fused import FusedDigitCrossEntropy
+
+        return FusedDigitCrossEntropy.apply(
+            logits, target, vocab, shard, ignore_index, validate, True
+        )
     return DigitCrossEntropy.apply(logits, target, vocab, shard, ignore_index, inplace, validate)

@@ -9,3 +9,10 @@ from .tp_workers import run_all
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_losses_are_exact_at_every_tp_size(tp):
     run_distributed(run_all, tp, 1234 + tp, megatron_tp=tp)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_compiled_kernel_is_exact(tp):
+    """The torch.compile'd kernel (inductor's CPU backend here; chosen automatically on CUDA)
+    passes the same checks as the eager one."""
+    run_distributed(run_all, tp, 99 + tp, "compiled", megatron_tp=tp)

@@ -13,6 +13,7 @@ from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for, number_ri
 
 LOSSES = ("ce", "del", "ntl_was", "ntl_mse", "dist2")
 ALPHA = 0.7
+KERNEL = {"name": "auto"}  # set per test run by run_all: which primitive the checks go through
 
 
 def _shard(full: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,9 @@ def _upstream(labels):
 
 def _ours(labels, full_logits, loss, dtype):
     shard = _shard(full_logits).to(dtype).detach().requires_grad_(True)
-    cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    cfg = dm.NumericalLossConfig(
+        loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, ignore_index=IGNORE, kernel=KERNEL["name"]
+    )
     group = dist.group.WORLD
     parts = dm.numerical_lm_loss(labels, shard, cfg, tp_group=group, return_parts=True)
     total = dm.numerical_lm_loss(labels, shard, cfg, tp_group=group)
@@ -206,7 +209,11 @@ def check_gradcheck_float64(seed: int) -> None:
     for loss in LOSSES:
         for reduction in ("token", "digit"):
             cfg = dm.NumericalLossConfig(
-                loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction=reduction
+                loss=loss,
+                alpha=ALPHA,
+                vocab=SPLIT_VOCAB,
+                reduction=reduction,
+                kernel=KERNEL["name"],
             )
 
             def fn(x, cfg=cfg):
@@ -216,11 +223,36 @@ def check_gradcheck_float64(seed: int) -> None:
             assert torch.autograd.gradcheck(fn, (full,), fast_mode=True), (loss, reduction)
 
 
-def run_all(seed: int) -> None:
+def check_compiled_keeps_no_fp32_copy(seed: int) -> None:
+    """The compiled kernel saves the caller's bf16 logits and a [N] normaliser, nothing [N, V]
+    in fp32, and leaves the logits as they were."""
+    labels = number_rich_labels(2, 13, seed)
+    full = logits_for(13, 2, PADDED_VOCAB_SIZE, seed).to(torch.bfloat16)
+    logits = _shard(full).clone().requires_grad_(True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA, kernel="compiled")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = dm.numerical_lm_loss(labels, logits, cfg, tp_group=dist.group.WORLD)
+    big = [t for t in saved if t.dim() == 2 and t.size(-1) == logits.size(-1)]
+    assert big and all(t.dtype == torch.bfloat16 for t in big), [(t.dtype, t.shape) for t in big]
+    loss.sum().backward()
+    assert torch.equal(logits.detach(), _shard(full))
+
+
+def run_all(seed: int, kernel: str = "auto") -> None:
+    KERNEL["name"] = kernel
     check_gradcheck_float64(seed)
     check_heads_match_reference(seed)
     check_half_precision(seed)
     check_huge_logits(seed)
+    if kernel == "compiled":
+        check_compiled_keeps_no_fp32_copy(seed)
+        return
     check_ce_matches_megatron(seed)
     check_inplace_opt_in(seed)
     check_label_outside_full_vocab()
