@@ -28,12 +28,15 @@ class NumericalLossConfig:
     reduction:    "token" (each token carries CE_t + alpha * term_t) or "digit" (the numerical
                   term is averaged over digit targets instead of over tokens; spec/DEL.md)
     ignore_index: label value of positions without a loss
-    inplace:      let fp32 logits be overwritten (softmax, then gradient) to save a buffer, as
-                  Megatron's own vocab_parallel_cross_entropy always does
+    inplace:      let the logits be overwritten by their gradient in backward (kernel "softmax":
+                  fp32 logits by the softmax in forward) to save a buffer, as Megatron's
+                  vocab_parallel_cross_entropy does with fp32 logits
     validate:     check label ids against the vocab (one host sync per call) and shard sizes
-    kernel:       "auto" (compiled on CUDA, eager elsewhere), "eager" (an fp32 softmax kept for
-                  backward, as Megatron does) or "compiled" (torch.compile'd passes that keep the
-                  logits instead and recompute the softmax in backward; `inplace` does not apply)
+    kernel:       "recompute" keeps the logits for backward and recomputes the softmax there,
+                  in row chunks (logits + gradient in their dtype: no [N, V] fp32 buffer);
+                  "compiled" the same with torch.compile'd passes; "softmax" keeps an fp32
+                  softmax as Megatron does; "auto" is "compiled" on CUDA, else "softmax" for
+                  fp32 logits with inplace=True and "recompute" otherwise
     """
 
     loss: str = "del"

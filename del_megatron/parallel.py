@@ -214,16 +214,22 @@ class DigitCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
-KERNELS = ("auto", "eager", "compiled")
+KERNELS = ("auto", "softmax", "recompute", "compiled")
 
 
-def resolve_kernel(kernel: str, device: torch.device) -> str:
-    """ "auto" is "compiled" on CUDA devices and "eager" elsewhere."""
+def resolve_kernel(kernel: str, logits: torch.Tensor, inplace: bool) -> str:
+    """The kernel that `kernel` names for these logits. "auto": "compiled" on CUDA; elsewhere
+    "softmax" for fp32/fp64 logits that may be overwritten (no conversion to make, and the
+    softmax is computed in their buffer), else "recompute" (nothing [N, V/tp] in fp32 kept)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "auto":
-        return "compiled" if device.type == "cuda" else "eager"
-    return kernel
+    if kernel != "auto":
+        return kernel
+    if logits.device.type == "cuda":
+        return "compiled"
+    if inplace and logits.dtype in (torch.float32, torch.float64):
+        return "softmax"
+    return "recompute"
 
 
 def digit_cross_entropy(
@@ -234,22 +240,26 @@ def digit_cross_entropy(
     ignore_index: int = -100,
     inplace: bool = False,
     validate: bool = True,
-    kernel: str = "eager",
+    kernel: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] and digit logits [N, 10] from logits [N, V/tp] and targets [N] (int64).
 
-    `tp_group=None`: `logits` hold the whole vocab. `inplace=True` lets fp32 logits be overwritten
-    (with the softmax, then the gradient) to save one [N, V/tp] buffer. `validate` checks labels
-    against the vocab (one host sync) and that shard sizes agree. `kernel`: "eager" keeps an fp32
-    softmax for backward; "compiled" (fused.py) keeps the logits and recomputes it, fused by
-    torch.compile; "auto" picks "compiled" on CUDA.
+    `tp_group=None`: `logits` hold the whole vocab. `inplace=True` lets the logits be overwritten
+    (by the gradient; with kernel="softmax", fp32 logits by the softmax first) to save one
+    [N, V/tp] buffer. `validate` checks labels
+    against the vocab (one host sync) and that shard sizes agree. `kernel`: "softmax" keeps an
+    fp32 softmax for backward (Megatron's scheme); "recompute"
+    (recompute.py) keeps the logits instead and recomputes the softmax in backward, in row chunks;
+    "compiled" does the same with each pass fused by torch.compile; "auto": see resolve_kernel.
     """
     shard = VocabShard.of(logits.size(-1), tp_group)
     vocab.check_vocab_size(shard.full_size)
-    if resolve_kernel(kernel, logits.device) == "compiled":
-        from .fused import FusedDigitCrossEntropy
+    kernel = resolve_kernel(kernel, logits, inplace)
+    if kernel != "softmax":
+        from .recompute import RecomputeDigitCrossEntropy
 
-        return FusedDigitCrossEntropy.apply(
-            logits, target, vocab, shard, ignore_index, validate, True
+        compiled = kernel == "compiled"
+        return RecomputeDigitCrossEntropy.apply(
+            logits, target, vocab, shard, ignore_index, validate, compiled, inplace
         )
     return DigitCrossEntropy.apply(logits, target, vocab, shard, ignore_index, inplace, validate)

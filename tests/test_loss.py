@@ -240,3 +240,32 @@ def test_outputs_are_contiguous_like_megatrons():
         assert dm.numerical_lm_loss(labels, logits, cfg).is_contiguous()
         parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
         assert all(t.is_contiguous() for t in parts)
+
+
+class _FakeCudaLogits:
+    """Stands for a CUDA tensor in kernel selection (no GPU here)."""
+
+    def __init__(self, dtype):
+        self.device, self.dtype = torch.device("cuda", 0), dtype
+
+
+@pytest.mark.parametrize(
+    "logits, inplace, expected",
+    [
+        (_FakeCudaLogits(torch.bfloat16), False, "compiled"),
+        (_FakeCudaLogits(torch.float32), True, "compiled"),
+        (torch.empty(2, 3, dtype=torch.bfloat16), False, "recompute"),
+        (torch.empty(2, 3, dtype=torch.bfloat16), True, "recompute"),
+        (torch.empty(2, 3, dtype=torch.float32), False, "recompute"),
+        (torch.empty(2, 3, dtype=torch.float32), True, "softmax"),
+    ],
+)
+def test_auto_kernel_choice(logits, inplace, expected):
+    from del_megatron.parallel import resolve_kernel
+
+    assert resolve_kernel("auto", logits, inplace) == expected
+    assert resolve_kernel("softmax", logits, inplace) == "softmax"
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        resolve_kernel("triton", logits, inplace)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        dm.NumericalLossConfig(vocab=SPLIT_VOCAB, kernel="fused")

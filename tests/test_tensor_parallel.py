@@ -6,9 +6,10 @@ from .distributed import run_distributed
 from .tp_workers import run_all
 
 
+@pytest.mark.parametrize("kernel", ["recompute", "softmax"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_losses_are_exact_at_every_tp_size(tp):
-    run_distributed(run_all, tp, 1234 + tp, megatron_tp=tp)
+def test_losses_are_exact_at_every_tp_size(tp, kernel):
+    run_distributed(run_all, tp, 1234 + tp, kernel, megatron_tp=tp)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

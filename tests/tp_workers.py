@@ -140,20 +140,29 @@ def check_ce_matches_megatron(seed: int) -> None:
 
 
 def check_inplace_opt_in(seed: int) -> None:
-    """inplace=True gives the same loss and gradient and reuses the caller's buffer."""
+    """inplace=True gives the same loss and gradient and reuses the caller's buffer: fp32 logits
+    under kernel "softmax" (as Megatron's CE), fp32 and bf16 logits under "recompute"."""
     labels = number_rich_labels(2, 13, seed)
-    full = logits_for(13, 2, PADDED_VOCAB_SIZE, seed).float()
-    results = []
-    for inplace in (False, True):
-        logits = _shard(full).clone().requires_grad_(True)
-        cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA, inplace=inplace)
-        loss = dm.numerical_lm_loss(labels, logits, cfg, tp_group=dist.group.WORLD)
-        loss.sum().backward()
-        changed = not torch.equal(logits.detach(), _shard(full))
-        results.append((loss.detach(), logits.grad, changed))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
-    assert results[0][2] is False and results[1][2] is True
+    full = logits_for(13, 2, PADDED_VOCAB_SIZE, seed)
+    for kernel, dtype in (
+        ("softmax", torch.float32),
+        ("recompute", torch.float32),
+        ("recompute", torch.bfloat16),
+    ):
+        results = []
+        for inplace in (False, True):
+            logits = _shard(full).to(dtype).requires_grad_(True)
+            cfg = dm.NumericalLossConfig(
+                vocab=SPLIT_VOCAB, alpha=ALPHA, inplace=inplace, kernel=kernel
+            )
+            loss = dm.numerical_lm_loss(labels, logits, cfg, tp_group=dist.group.WORLD)
+            loss.sum().backward()
+            changed = not torch.equal(logits.detach(), _shard(full).to(dtype))
+            results.append((loss.detach(), logits.grad, changed))
+        what = f"{kernel} {dtype}"
+        torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0, msg=what)
+        torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0, msg=what)
+        assert results[0][2] is False and results[1][2] is True, what
 
 
 def check_unequal_shards_refused() -> None:
@@ -223,8 +232,8 @@ def check_gradcheck_float64(seed: int) -> None:
             assert torch.autograd.gradcheck(fn, (full,), fast_mode=True), (loss, reduction)
 
 
-def check_compiled_keeps_no_fp32_copy(seed: int) -> None:
-    """The compiled kernel saves the caller's bf16 logits and a [N] normaliser, nothing [N, V]
+def check_recompute_keeps_no_fp32_copy(seed: int, kernel: str) -> None:
+    """The recompute kernels save the caller's bf16 logits and a [N] normaliser, nothing [N, V]
     in fp32, and leaves the logits as they were."""
     labels = number_rich_labels(2, 13, seed)
     full = logits_for(13, 2, PADDED_VOCAB_SIZE, seed).to(torch.bfloat16)
@@ -235,7 +244,7 @@ def check_compiled_keeps_no_fp32_copy(seed: int) -> None:
         saved.append(t)
         return t
 
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA, kernel="compiled")
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA, kernel=kernel)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = dm.numerical_lm_loss(labels, logits, cfg, tp_group=dist.group.WORLD)
     big = [t for t in saved if t.dim() == 2 and t.size(-1) == logits.size(-1)]
@@ -251,8 +260,9 @@ def run_all(seed: int, kernel: str = "auto") -> None:
     check_half_precision(seed)
     check_huge_logits(seed)
     if kernel == "compiled":
-        check_compiled_keeps_no_fp32_copy(seed)
+        check_recompute_keeps_no_fp32_copy(seed, kernel)
         return
+    check_recompute_keeps_no_fp32_copy(seed, "recompute")
     check_ce_matches_megatron(seed)
     check_inplace_opt_in(seed)
     check_label_outside_full_vocab()
