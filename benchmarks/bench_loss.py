@@ -1,15 +1,26 @@
-"""Forward+backward time and peak memory of numerical_lm_loss against Megatron-Core's own
+"""Forward+backward time and peak memory of every loss against Megatron-Core's own
 vocab_parallel_cross_entropy, on the same inputs in the same run.
 
-    .venv/bin/python benchmarks/bench_loss.py --tokens 4096 --vocab 32000 151936 --tp 1 2
+    .venv/bin/python benchmarks/bench_loss.py --tokens 1024 4096 --vocab 32000 151936 --tp 1 2
+    .venv/bin/python benchmarks/bench_loss.py --linear --tokens 4096 --vocab 151936 --hidden 512
 
-Every case runs on `tp` real processes (gloo on CPU), each holding its [s, b, V/tp] shard. Time is
-the median over --reps of one forward+backward (max over ranks), the implementations taking
-turns. Peak memory is the largest resident set of any rank during one forward+backward, counted
-from before its logits shard was allocated (logits, working fp32 copy and gradient all count),
-read from the kernel's high-water mark (VmHWM) after resetting it. It is measured in separate
-processes where glibc serves every buffer over 64 KiB by mmap, so freed memory leaves the
-resident set; that setting slows allocation, so time is measured with the default allocator.
+Every case runs on `tp` real processes (gloo on CPU, NCCL on CUDA), each holding its
+[s, b, V/tp] shard. Time is the median over --reps of one forward+backward (max over ranks), the
+implementations taking turns. Peak memory counts everything one forward+backward allocates from
+before its logits shard (or, with --linear, its output-layer input) exists: logits, working
+copies, gradients. On CPU it is the kernel's resident high-water mark (VmHWM, reset before each
+step), measured in separate processes where glibc serves every buffer over 64 KiB by mmap so that
+freed memory leaves the resident set (that setting slows allocation, so time is measured with
+the default allocator). On CUDA: CUDA events and torch.cuda.max_memory_allocated.
+
+Rows (`impl`): megatron_ce (the reference of every ratio) and megatron_fused (its torch.compile'd
+variant); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto"); del_softmax,
+del_compiled (DEL on the other kernels); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
+ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
+del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
+Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
+With --linear: linear_materialised (output layer matmul + numerical_lm_loss) against
+linear_logits_free (numerical_linear_loss).
 """
 
 from __future__ import annotations
@@ -23,114 +34,253 @@ import time
 import warnings
 from pathlib import Path
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import del_megatron as dm  # noqa: E402
+from del_megatron.heads import HEADS  # noqa: E402
+from del_megatron.numbers import number_layout  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 VOCAB = dm.DigitVocab(digit_ids=range(15, 25), decimal_point_ids=[13])
+ALPHA = 0.01
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
+def _status_kib(field: str, path: str = "/proc/self/status") -> int:
+    with open(path) as fh:
         for line in fh:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    raise RuntimeError(f"{field} not in {path}")
 
 
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
+class Meter:
+    """Wall time and peak memory of one step on this device."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            self.events[0].record()
+        else:
+            self.base = _status_kib("VmRSS") * 1024
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+            self.t0 = time.perf_counter()
+
+    def stop(self):
+        """(seconds, peak bytes above the start)."""
+        if self.cuda:
+            self.events[1].record()
+            torch.cuda.synchronize()
+            seconds = self.events[0].elapsed_time(self.events[1]) / 1e3
+            return seconds, torch.cuda.max_memory_allocated() - self.base
+        seconds = time.perf_counter() - self.t0
+        return seconds, _status_kib("VmHWM") * 1024 - self.base
 
 
-def _labels(tokens: int, vocab: int) -> torch.Tensor:
+def _labels(tokens: int, vocab: int, device=None) -> torch.Tensor:
     """[b=1, s=tokens]: about 15% digits in numbers, like a math corpus."""
     gen = torch.Generator().manual_seed(0)
     labels = torch.randint(30, vocab, (1, tokens), generator=gen)
     digits = torch.randint(15, 25, (1, tokens), generator=gen)
-    return torch.where(torch.rand(1, tokens, generator=gen) < 0.15, digits, labels)
+    labels = torch.where(torch.rand(1, tokens, generator=gen) < 0.15, digits, labels)
+    return labels.to(device or "cpu")
 
 
-def _implementations(dtype_name: str):
-    """name -> fn(labels [b, s], logits [s, b, V/tp]) returning a [b, s] loss."""
+def _naive_del(labels, logits):
+    """DEL as a user would write it with autograd: upcast, F.cross_entropy, gathered digits."""
+    x = logits.float().transpose(0, 1)  # [b, s, V]
+    ce = F.cross_entropy(x.reshape(-1, x.size(-1)), labels.reshape(-1), reduction="none")
+    layout = number_layout(labels, VOCAB)
+    z = torch.where(layout.is_digit.unsqueeze(-1), x[..., list(VOCAB.digit_ids)], 0.0)
+    w = dm.place_weights(labels, VOCAB)
+    term = HEADS["del"](z.reshape(-1, 10), layout.digit.reshape(-1), w.reshape(-1))
+    return (ce + ALPHA * term).view(labels.shape)
+
+
+def _ntloss_was(labels, logits):
+    """The ntloss package's NTL-WAS (single device) added to Megatron's CE."""
     from megatron.core import tensor_parallel
 
-    group = dist.group.WORLD
+    ce = tensor_parallel.vocab_parallel_cross_entropy(logits, labels.t().contiguous()).t()
+    ntl = _NTLOSS.get("fn")
+    if ntl is None:
+        ntl = _NTLOSS["fn"] = _make_ntloss(logits.size(-1))
+    term = ntl(logits.transpose(0, 1), labels, reduction="none")
+    return ce + ALPHA * term
+
+
+_NTLOSS: dict = {}
+
+
+def _make_ntloss(vocab_size: int):
+    """ntloss.NTLoss over a word-level HF tokenizer whose ids 15..24 are the digits 0..9."""
+    from ntloss import NTLoss
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(30)}
+    words.update({str(k): 15 + k for k in range(10)})
+    words["[UNK]"] = 0
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="[UNK]")))
+    return NTLoss(tok, vocab_size=vocab_size, digit_level=True, reweigh=False)
+
+
+def _have_ntloss() -> bool:
+    try:
+        import ntloss  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def loss_implementations(dtype_name: str, tp: int, group):
+    """name -> fn(labels [b, s], logits [s, b, V/tp]) returning a [b, s] loss."""
+    from megatron.core import tensor_parallel
+    from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+
     inplace = dtype_name == "fp32"  # what Megatron's own CE does to fp32 logits
 
     def megatron_ce(labels, logits):
         return tensor_parallel.vocab_parallel_cross_entropy(logits, labels.t().contiguous()).t()
 
+    def megatron_fused(labels, logits):
+        return fused_vocab_parallel_cross_entropy(logits, labels.t().contiguous(), group).t()
+
     def ours(loss, **extra):
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.01, vocab=VOCAB, **extra)
+        extra.setdefault("inplace", inplace)
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=VOCAB, **extra)
         return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, tp_group=group)
 
-    impls = {
-        "megatron_ce": megatron_ce,
-        "ce": ours("ce", inplace=inplace),
-        "del": ours("del", inplace=inplace),
-        "ntl_was": ours("ntl_was", inplace=inplace),
-    }
+    impls = {"megatron_ce": megatron_ce, "megatron_fused": megatron_fused}
+    for loss in ("ce", "del", "ntl_was", "ntl_mse", "dist2"):
+        impls[loss] = ours(loss)
+    impls["del_softmax"] = ours("del", kernel="softmax")
+    impls["del_compiled"] = ours("del", kernel="compiled")
     if dtype_name == "fp32":
-        impls["del_copy"] = ours("del")  # default: the caller's fp32 logits stay intact
+        impls["del_copy"] = ours("del", inplace=False)
+    if tp == 1:
+        impls["del_naive"] = _naive_del
+        if _have_ntloss():
+            impls["ntloss_was"] = _ntloss_was
     return impls
 
 
-def _one_step(fn, labels, make_logits):
-    logits = make_logits()
-    start = time.perf_counter()
+def linear_implementations(tp: int, group):
+    """name -> fn(labels, hidden [s, b, h], weight [V/tp, h]) returning a [b, s] loss."""
+    cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB)
+
+    def materialised(labels, hidden, weight):
+        if tp > 1:
+            from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+
+            hidden = copy_to_tensor_model_parallel_region(hidden)
+        return dm.numerical_lm_loss(labels, torch.matmul(hidden, weight.t()), cfg, group)
+
+    def logits_free(labels, hidden, weight):
+        return dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=group)
+
+    return {"linear_materialised": materialised, "linear_logits_free": logits_free}
+
+
+def _one_step(fn, make_inputs, meter):
+    """(seconds, peak bytes) of one forward+backward; inputs are made inside the metered span."""
+    meter.start()
+    labels, tensors = make_inputs()
+    loss = fn(labels, *tensors)
     # autograd.grad, as the output layer's backward would take it: no AccumulateGrad copy.
-    (grad,) = torch.autograd.grad(fn(labels, logits).sum(), logits)
-    elapsed = time.perf_counter() - start
-    del grad
-    return elapsed
+    grads = torch.autograd.grad(loss.sum(), tensors)
+    del loss, grads
+    return meter.stop()
 
 
-def _worker(rank, world, port, case, phase, reps, queue):
+def _make_inputs(case, rank, world, device):
+    tokens, vocab, dtype = case["tokens"], case["vocab"], DTYPES[case["dtype"]]
+    local = vocab // world
+    labels = _labels(tokens, local * world, device)
+    gen = torch.Generator(device=device).manual_seed(rank)
+    if case.get("hidden"):
+        h = case["hidden"]
+        weight = (torch.randn(local, h, generator=gen, device=device) / h**0.5).to(dtype)
+
+        def make():
+            hidden = torch.randn(tokens, 1, h, generator=gen, device=device, dtype=dtype)
+            return labels, (hidden.requires_grad_(True), weight.requires_grad_(True))
+
+        return make
+
+    def make():
+        logits = torch.randn(tokens, 1, local, generator=gen, device=device, dtype=dtype)
+        return labels, (logits.requires_grad_(True),)
+
+    return make
+
+
+def _fits(case, name, device) -> bool:
+    """del_naive and ntloss_was hold about five fp32 [N, V] tensors; skipped where that would
+    not fit."""
+    if name not in ("del_naive", "ntloss_was"):
+        return True
+    need = 5 * 4 * case["tokens"] * case["vocab"]
+    if device.type == "cuda":
+        return need < 0.8 * torch.cuda.mem_get_info()[0]
+    return need < 0.7 * _status_kib("MemAvailable", "/proc/meminfo") * 1024
+
+
+def _worker(rank, world, port, case, phase, reps, names, queue):
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    device = torch.device(case["device"], rank if case["device"] == "cuda" else None)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world
+    )
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    tokens, vocab, dtype_name = case["tokens"], case["vocab"], case["dtype"]
-    local = vocab // world
-    labels = _labels(tokens, local * world)
-
-    def make_logits():
-        gen = torch.Generator().manual_seed(rank)
-        x = torch.randn(tokens, 1, local, generator=gen, dtype=DTYPES[dtype_name])
-        return x.requires_grad_(True)
-
-    impls = _implementations(dtype_name)
-    rows = {name: {} for name in impls}
-    if phase == "memory":
-        for name, fn in impls.items():
-            _one_step(fn, labels, make_logits)  # warm-up
-            baseline = _status_kib("VmRSS")
-            _reset_peak()
-            _one_step(fn, labels, make_logits)
-            rows[name]["peak_mib"] = (_status_kib("VmHWM") - baseline) / 1024
+    group = parallel_state.get_tensor_model_parallel_group()
+    if case.get("hidden"):
+        impls = linear_implementations(world, group)
     else:
+        impls = loss_implementations(case["dtype"], world, group)
+    impls = {n: f for n, f in impls.items() if (not names or n in names) and _fits(case, n, device)}
+    make_inputs = _make_inputs(case, rank, world, device)
+    meter = Meter(device)
+    rows = {name: {} for name in impls}
+    for name in impls:
+        _one_step(impls[name], make_inputs, meter)  # warm-up (and compilation)
+    if phase == "memory" or device.type == "cuda":
+        for name, fn in impls.items():
+            rows[name]["peak_mib"] = _one_step(fn, make_inputs, meter)[1] / 2**20
+    if phase == "time":
         # Round-robin with a rotating order, so that drift and the page-fault cost of fresh
         # buffers fall on every implementation alike.
-        names = list(impls)
-        times = {name: [] for name in names}
-        for name in names:
-            _one_step(impls[name], labels, make_logits)  # warm-up
+        order = list(impls)
+        times = {name: [] for name in order}
         for rep in range(reps):
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
-                times[name].append(_one_step(impls[name], labels, make_logits))
-        for name in names:
-            rows[name] = {"time_s": statistics.median(times[name]), "time_min_s": min(times[name])}
+            shift = rep % len(order)
+            for name in order[shift:] + order[:shift]:
+                times[name].append(_one_step(impls[name], make_inputs, meter)[0])
+        for name in order:
+            rows[name].update(time_s=statistics.median(times[name]), time_min_s=min(times[name]))
+        if not case.get("hidden"):
+            rows["place_weights"] = {"time_s": _time_place_weights(make_inputs()[0], reps)}
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
@@ -142,64 +292,103 @@ def _worker(rank, world, port, case, phase, reps, queue):
     dist.destroy_process_group()
 
 
-def _spawn(case, phase, reps):
+def _time_place_weights(labels, reps: int) -> float:
+    dm.place_weights(labels, VOCAB)
+    times = []
+    for _ in range(max(reps, 5)):
+        t0 = time.perf_counter()
+        dm.place_weights(labels, VOCAB)
+        if labels.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _spawn(case, phase, reps, names):
     from tests.distributed import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    args = (case["tp"], free_port(), case, phase, reps, queue)
+    args = (case["tp"], free_port(), case, phase, reps, names, queue)
     mp.spawn(_worker, args=args, nprocs=case["tp"])
     return queue.get()
 
 
-def run_case(case, reps):
+def run_case(case, reps, names=()):
     """{impl: {time_s, time_min_s, peak_mib}} for one case."""
-    rows = _spawn(case, "time", reps)
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    try:
-        memory = _spawn(case, "memory", reps)
-    finally:
-        del os.environ["MALLOC_MMAP_THRESHOLD_"]
-    for name, row in rows.items():
-        row.update(memory[name])
+    rows = _spawn(case, "time", reps, names)
+    if case["device"] == "cpu":
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        try:
+            memory = _spawn(case, "memory", reps, names)
+        finally:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
+        for name, row in memory.items():
+            rows[name].update(row)
     return rows
+
+
+def _ratios(rows, reference: str):
+    ref = rows[reference]
+    for row in rows.values():
+        if "time_s" in row:
+            row["time_ratio"] = row["time_s"] / ref["time_s"]
+        if "peak_mib" in row:
+            row["peak_ratio"] = row["peak_mib"] / ref["peak_mib"]
+    if "place_weights" in rows and "del" in rows:
+        rows["place_weights"]["share_of_del"] = (
+            rows["place_weights"]["time_s"] / rows["del"]["time_s"]
+        )
+
+
+def _print_row(case, name, row):
+    fields = [f"{case['tokens']:>6} {case['vocab']:>7} {case['tp']:>2} {case['dtype']:>5}"]
+    fields.append(f"{name:>20}")
+    fields.append(f"{row.get('time_s', float('nan')) * 1e3:>9.1f}")
+    fields.append(f"{row.get('time_ratio', row.get('share_of_del', float('nan'))):>7.3f}")
+    fields.append(
+        f"{row.get('peak_mib', float('nan')):>9.1f} {row.get('peak_ratio', float('nan')):>7.3f}"
+    )
+    print(" ".join(fields), flush=True)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[4096])
-    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 151936])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256, 151936])
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["bf16", "fp32"])
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["bf16"])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--impls", nargs="*", default=[], help="only these rows")
+    parser.add_argument("--linear", action="store_true", help="the logits-free path instead")
+    parser.add_argument("--hidden", type=int, default=512, help="h of the output layer (--linear)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/bench_loss.json")
     args = parser.parse_args(argv)
 
     results = []
-    header = (
-        f"{'tokens':>6} {'vocab':>7} {'tp':>2} {'dtype':>5} {'impl':>12} "
-        f"{'time ms':>9} {'x meg.':>7} {'peak MiB':>9} {'x meg.':>7}"
+    print(
+        f"{'tokens':>6} {'vocab':>7} {'tp':>2} {'dtype':>5} {'impl':>20} "
+        f"{'time ms':>9} {'x ref':>7} {'peak MiB':>9} {'x ref':>7}"
     )
-    print(header)
     for tokens in args.tokens:
         for vocab in args.vocab:
             for tp in args.tp:
                 for dtype in args.dtype:
                     case = {"tokens": tokens, "vocab": vocab, "tp": tp, "dtype": dtype}
-                    rows = run_case(case, args.reps)
-                    ref = rows["megatron_ce"]
+                    case["device"] = args.device
+                    if args.linear:
+                        case["hidden"] = args.hidden
+                    rows = run_case(case, args.reps, args.impls)
+                    reference = "linear_materialised" if args.linear else "megatron_ce"
+                    _ratios(rows, reference)
                     for name, row in rows.items():
-                        row["time_ratio"] = row["time_s"] / ref["time_s"]
-                        row["peak_ratio"] = row["peak_mib"] / ref["peak_mib"]
                         results.append({**case, "impl": name, **row})
-                        print(
-                            f"{tokens:>6} {vocab:>7} {tp:>2} {dtype:>5} {name:>12} "
-                            f"{row['time_s'] * 1e3:>9.1f} {row['time_ratio']:>7.3f} "
-                            f"{row['peak_mib']:>9.1f} {row['peak_ratio']:>7.3f}",
-                            flush=True,
-                        )
+                        _print_row(case, name, row)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "cpus": os.cpu_count(), "reps": args.reps}
+    if args.device == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name()
     args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"wrote {args.json}")
 

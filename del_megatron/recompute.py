@@ -138,15 +138,19 @@ class RecomputeDigitCrossEntropy(torch.autograd.Function):
         scale = torch.zeros_like(shift) if grad_ce is None else torch.where(valid, grad_ce, 0.0)
         scale = scale.to(shift.dtype)
         onehot_column = torch.where(in_shard, local_target, -1)
-        grad = logits if ctx.inplace else torch.empty_like(logits)
-        step = chunk_rows(logits.size(0), logits.size(1), ctx.compiled)
+        n = logits.size(0)
+        step = chunk_rows(n, logits.size(1), ctx.compiled)
         # Digit logits [N, 10] are read before an in-place gradient overwrites them.
         digit_logits = logits[:, columns].to(shift.dtype) if columns else None
-        for start in range(0, logits.size(0), step):
-            part = slice(start, start + step)
-            grad[part] = second_pass(
-                logits[part], shift[part], log_sum_exp[part], scale[part], onehot_column[part]
-            )
+        if step >= n and not ctx.inplace:
+            grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
+        else:
+            grad = logits if ctx.inplace else torch.empty_like(logits)
+            for start in range(0, n, step):
+                part = slice(start, start + step)
+                grad[part] = second_pass(
+                    logits[part], shift[part], log_sum_exp[part], scale[part], onehot_column[part]
+                )
         if columns:
             # The digit columns get their whole gradient in the compute dtype, rounded once.
             shifted = digit_logits - shift.unsqueeze(-1)
