@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU check, under 5 minutes on one modern GPU: correctness of every kernel against the CPU
+# float64 reference, then the benchmark grid on the GPU(s). Writes JSON to $OUT (default
+# benchmarks/results). Needs torch with CUDA and megatron-core in the active Python.
+#
+#   bash benchmarks/gpu_check.sh            # in the del-megatron Docker image, or any CUDA env
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results}
+PYTHON=${PYTHON:-python}
+mkdir -p "$OUT"
+GPUS=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+if [[ "$GPUS" -lt 1 ]]; then
+  echo "gpu_check.sh: no CUDA device visible" >&2
+  exit 2
+fi
+TPS="1"
+for tp in 2 4 8; do
+  if [[ "$GPUS" -ge "$tp" ]]; then TPS="$TPS $tp"; fi
+done
+
+timeout 120 "$PYTHON" benchmarks/gpu_check.py --json "$OUT/gpu_check.json"
+# shellcheck disable=SC2086  # TPS is a list of sizes
+timeout 150 "$PYTHON" benchmarks/bench_loss.py --device cuda --tp $TPS --dtype bf16 \
+  --tokens 4096 16384 --vocab 32000 128256 151936 --reps 5 \
+  --impls megatron_ce megatron_fused del del_compiled del_recompute del_softmax del_naive \
+  --json "$OUT/bench_loss_gpu.json"
