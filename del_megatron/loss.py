@@ -10,8 +10,16 @@ import torch.distributed as dist
 
 from .heads import HEADS
 from .linear import LinearDigitCrossEntropy, default_chunk_rows
-from .numbers import NumberLayout, check_label_dtype, del_weights, dist2_weights, number_layout
+from .numbers import (
+    NumberLayout,
+    check_label_dtype,
+    del_weights,
+    dist2_weights,
+    number_layout,
+    select_positions,
+)
 from .parallel import KERNELS, ProcessGroup, VocabShard, digit_cross_entropy
+from .sequence import doc_starts, gather_sequence
 from .vocab import DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
@@ -108,13 +116,16 @@ def _place_weights(loss: str, layout: NumberLayout, dtype: torch.dtype) -> torch
 
 
 class LossPieces(NamedTuple):
-    """LossParts plus, for telemetry, digit logits fp32 [b, s, 10] and target digits [b, s]."""
+    """LossParts plus, for telemetry, digit logits fp32 [b, s, 10] and target digits [b, s], and
+    the counts of loss tokens and digit targets of the whole sequence (all CP ranks) [] int64."""
 
     ce: torch.Tensor
     term: torch.Tensor
     is_digit: torch.Tensor
     digit_logits: torch.Tensor
     digit: torch.Tensor
+    n_tokens: torch.Tensor
+    n_digits: torch.Tensor
 
 
 def loss_pieces(
@@ -122,6 +133,9 @@ def loss_pieces(
     logits: torch.Tensor,
     cfg: NumericalLossConfig,
     tp_group: ProcessGroup = None,
+    *,
+    cp_group: ProcessGroup = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ) -> LossPieces:
     """Everything numerical_lm_loss composes its result from; see there for shapes."""
     _check_config(cfg)
@@ -137,7 +151,7 @@ def loss_pieces(
         validate=cfg.validate,
         kernel=cfg.kernel,
     )
-    return _compose_pieces(labels, ce, digit_logits, cfg)
+    return _compose_pieces(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
 
 
 def _check_config(cfg: NumericalLossConfig) -> None:
@@ -154,14 +168,56 @@ def _flat_target(labels: torch.Tensor) -> torch.Tensor:
     return labels.transpose(0, 1).reshape(-1).long()
 
 
+class _Layout(NamedTuple):
+    """This rank's NumberLayout [b, s_local] and the loss-token and digit counts of the whole
+    (unsplit) sequence."""
+
+    local: NumberLayout
+    n_tokens: torch.Tensor
+    n_digits: torch.Tensor
+
+
+def _sequence_layout(
+    labels: torch.Tensor,
+    cfg: NumericalLossConfig,
+    cp_group: ProcessGroup,
+    cu_seqlens: Optional[torch.Tensor],
+) -> _Layout:
+    """Numbers are located on the whole sequence: gathered over the CP group, cut at packed
+    document starts."""
+    whole, positions = labels, None
+    if cp_group is not None and dist.get_world_size(cp_group) > 1:
+        whole, positions = gather_sequence(labels, cp_group, cu_seqlens)
+    doc_start = None
+    if cu_seqlens is not None:
+        if whole.size(0) != 1:
+            raise ValueError(
+                f"cu_seqlens describes one packed row (THD, labels [1, T]), got labels of "
+                f"shape {list(labels.shape)}"
+            )
+        doc_start = doc_starts(cu_seqlens, whole.size(1), whole.device).unsqueeze(0)
+    layout = number_layout(whole, _vocab(cfg), cfg.ignore_index, doc_start)
+    n_tokens = (whole != cfg.ignore_index).sum()
+    n_digits = layout.is_digit.sum()
+    if positions is not None:
+        layout = select_positions(layout, positions)
+    return _Layout(layout, n_tokens, n_digits)
+
+
 def _compose_pieces(
-    labels: torch.Tensor, ce: torch.Tensor, digit_logits: torch.Tensor, cfg: NumericalLossConfig
+    labels: torch.Tensor,
+    ce: torch.Tensor,
+    digit_logits: torch.Tensor,
+    cfg: NumericalLossConfig,
+    cp_group: ProcessGroup = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ) -> LossPieces:
     """ce [s * b] and digit logits [s * b, 10] of the primitive -> LossPieces of [b, s]."""
     b, s = labels.shape
     ce = ce.view(s, b).transpose(0, 1).contiguous()  # [b, s], as Megatron returns it
     digit_logits = digit_logits.view(s, b, -1).transpose(0, 1)
-    layout = number_layout(labels, _vocab(cfg), cfg.ignore_index)
+    seq = _sequence_layout(labels, cfg, cp_group, cu_seqlens)
+    layout = seq.local
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
     else:
@@ -170,11 +226,13 @@ def _compose_pieces(
         w = _place_weights(cfg.loss, layout, z.dtype)
         term = HEADS[cfg.loss](z.reshape(-1, z.size(-1)), layout.digit.reshape(-1), w.reshape(-1))
         term = term.view(b, s)
-    return LossPieces(ce, term, layout.is_digit, digit_logits, layout.digit)
+    return LossPieces(
+        ce, term, layout.is_digit, digit_logits, layout.digit, seq.n_tokens, seq.n_digits
+    )
 
 
 def _result(
-    labels: torch.Tensor, pieces: LossPieces, cfg: NumericalLossConfig, return_parts: bool
+    pieces: LossPieces, cfg: NumericalLossConfig, return_parts: bool
 ) -> Union[torch.Tensor, LossParts]:
     if return_parts:
         return LossParts(ce=pieces.ce, term=pieces.term, is_digit=pieces.is_digit)
@@ -182,9 +240,8 @@ def _result(
         return pieces.ce
     term = pieces.term
     if cfg.reduction == "digit":
-        n_tokens = (labels != cfg.ignore_index).sum().to(term.dtype)
-        n_digits = pieces.is_digit.sum().clamp(min=1).to(term.dtype)
-        term = term * (n_tokens / n_digits)
+        ratio = pieces.n_tokens.to(term.dtype) / pieces.n_digits.clamp(min=1).to(term.dtype)
+        term = term * ratio
     return pieces.ce + cfg.alpha * term
 
 
@@ -194,6 +251,9 @@ def numerical_lm_loss(
     cfg: NumericalLossConfig,
     tp_group: ProcessGroup = None,
     return_parts: bool = False,
+    *,
+    cp_group: ProcessGroup = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, LossParts]:
     """Cross-entropy plus a digit-aware term, per token.
 
@@ -202,9 +262,15 @@ def numerical_lm_loss(
     ignore_index. "token" reduction: CE_t + alpha * term_t. "digit" reduction: CE_t + alpha *
     term_t * n_tokens / n_digits, so that the mean over non-ignored tokens is the spec's
     per-micro-batch digit reduction. With return_parts, a LossParts of [b, s] tensors instead.
+
+    cp_group: the context-parallel group when labels and logits hold this rank's load-balanced
+    chunks of the sequence (Megatron's layout); every digit is weighed, and the "digit"
+    reduction counted, as in the whole sequence (one all-gather of the labels). cu_seqlens:
+    offsets of packed documents in the (whole) sequence, THD labels [1, T]; numbers never run
+    across a document start (with CP: Megatron's cu_seqlens_padded).
     """
-    pieces = loss_pieces(labels, logits, cfg, tp_group)
-    return _result(labels, pieces, cfg, return_parts)
+    pieces = loss_pieces(labels, logits, cfg, tp_group, cp_group=cp_group, cu_seqlens=cu_seqlens)
+    return _result(pieces, cfg, return_parts)
 
 
 def numerical_linear_loss(
@@ -244,7 +310,7 @@ def numerical_linear_loss(
         chunk_tokens,
         cfg.validate,
     )
-    return _result(labels, _compose_pieces(labels, ce, digit_logits, cfg), cfg, return_parts)
+    return _result(_compose_pieces(labels, ce, digit_logits, cfg), cfg, return_parts)
 
 
 def _check_linear_inputs(

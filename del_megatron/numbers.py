@@ -8,7 +8,7 @@ run into an integer part and a fractional part.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -48,9 +48,15 @@ def _check_labels(labels: torch.Tensor) -> None:
 
 
 def number_layout(
-    labels: torch.Tensor, vocab: DigitVocab, ignore_index: int = -100
+    labels: torch.Tensor,
+    vocab: DigitVocab,
+    ignore_index: int = -100,
+    doc_start: Optional[torch.Tensor] = None,
 ) -> NumberLayout:
-    """Locate every digit of `labels` [b, s] inside its number; see NumberLayout."""
+    """Locate every digit of `labels` [b, s] inside its number; see NumberLayout.
+
+    doc_start: bool [b, s], True where a packed document begins; no number runs across one.
+    """
     _check_labels(labels)
     b, s = labels.shape
     table = vocab.class_table(labels.device)
@@ -71,6 +77,14 @@ def number_layout(
     prev_in[:, 1:] = in_number[:, :-1]
     next_in = torch.zeros_like(in_number)
     next_in[:, :-1] = in_number[:, 1:]
+    if doc_start is not None:
+        if doc_start.shape != labels.shape or doc_start.dtype != torch.bool:
+            raise ValueError(
+                f"doc_start must be bool {list(labels.shape)} like labels, got "
+                f"{doc_start.dtype} {list(doc_start.shape)}"
+            )
+        prev_in &= ~doc_start
+        next_in[:, :-1] &= ~doc_start[:, 1:]
     starts = (in_number & ~prev_in).reshape(-1)
     ends = (in_number & ~next_in).reshape(-1)
 
@@ -95,6 +109,11 @@ def number_layout(
         int_place=int_place.view(b, s),
         frac_place=frac_place.view(b, s),
     )
+
+
+def select_positions(layout: NumberLayout, positions: torch.Tensor) -> NumberLayout:
+    """The layout at sequence positions `positions` [s_local] (int64) of every row."""
+    return NumberLayout(*(field.index_select(1, positions) for field in layout))
 
 
 def del_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,122 @@
+"""Bodies of the context-parallel tests; each runs on every rank of a gloo group (the CP group)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core.utils import get_batch_on_this_cp_rank
+
+import del_megatron as dm
+from del_megatron.sequence import cp_positions
+
+from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for
+
+LOSSES = ("ce", "del", "ntl_was", "ntl_mse", "dist2")
+ALPHA = 0.7
+
+
+def long_number_labels(batch: int, seq: int, seed: int) -> torch.Tensor:
+    """int64 [batch, seq]: numbers of 5..12 digits (some with a decimal point) separated by one
+    or two other tokens, so that chunk borders of any CP size fall inside numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    digits = torch.tensor(SPLIT_VOCAB.digit_ids)
+    rows = []
+    for _ in range(batch):
+        row = []
+        while len(row) < seq:
+            length = int(torch.randint(5, 13, (1,), generator=gen))
+            number = digits[torch.randint(0, 10, (length,), generator=gen)].tolist()
+            if torch.rand(1, generator=gen) < 0.5:
+                number[int(torch.randint(1, length - 1, (1,), generator=gen))] = 33
+            row += number + [1] * int(torch.randint(1, 3, (1,), generator=gen))
+        rows.append(row[:seq])
+    labels = torch.tensor(rows)
+    labels[:, -3] = IGNORE
+    return labels
+
+
+def _upstream(shape) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    return torch.rand(shape, generator=gen, dtype=torch.float64) + 0.5
+
+
+def _whole_sequence(labels, logits, cfg, cu_seqlens=None):
+    """The unsplit single-rank loss [b, S] and its logits gradient [S, b, V]."""
+    logits = logits.clone().requires_grad_(True)
+    loss = dm.numerical_lm_loss(labels, logits, cfg, cu_seqlens=cu_seqlens)
+    (loss * _upstream(loss.shape)).sum().backward()
+    return loss.detach(), logits.grad
+
+
+def check_cp_equals_whole_sequence(seed: int) -> None:
+    """Megatron's own CP split (get_batch_on_this_cp_rank): per-token losses and gradients at
+    this rank's positions equal the whole sequence's, for every loss and reduction."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    seq = 8 * cp * 3
+    labels = long_number_labels(2, seq, seed)
+    full = logits_for(seq, 2, PADDED_VOCAB_SIZE, seed)
+    local = get_batch_on_this_cp_rank(
+        {"labels": labels.clone(), "logits": full.transpose(0, 1).clone()}, dist.group.WORLD
+    )
+    positions = cp_positions(seq // cp, cp, rank)
+    assert torch.equal(local["labels"], labels[:, positions])
+    for loss in LOSSES:
+        for reduction in ("token", "digit"):
+            cfg = dm.NumericalLossConfig(
+                loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction=reduction
+            )
+            ref_loss, ref_grad = _whole_sequence(labels, full, cfg)
+            logits = local["logits"].transpose(0, 1).contiguous().requires_grad_(True)
+            ours = dm.numerical_lm_loss(local["labels"], logits, cfg, cp_group=dist.group.WORLD)
+            (ours * _upstream(ref_loss.shape)[:, positions]).sum().backward()
+            what = f"cp {cp} {loss} {reduction}"
+            torch.testing.assert_close(
+                ours, ref_loss[:, positions], rtol=1e-12, atol=1e-12, msg=what
+            )
+            torch.testing.assert_close(
+                logits.grad, ref_grad[positions], rtol=1e-12, atol=1e-12, msg=what
+            )
+    # The test has teeth: without the CP group the local weights are wrong.
+    split = dm.place_weights(local["labels"], SPLIT_VOCAB)
+    assert not torch.equal(split, dm.place_weights(labels, SPLIT_VOCAB)[:, positions])
+
+
+def documents_one_by_one(docs, full, cfg):
+    """LossParts of each document computed alone, concatenated along the packed row."""
+    parts, start = [], 0
+    for doc in docs:
+        end = start + doc.size(1)
+        parts.append(dm.numerical_lm_loss(doc, full[start:end], cfg, return_parts=True))
+        start = end
+    return [torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("ce", "term", "is_digit")]
+
+
+def check_cp_with_packed_documents(seed: int) -> None:
+    """THD packing under CP: each (padded) document is cut into 2 * cp chunks; every position's
+    pieces equal those of its document computed alone."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    lengths = [2 * cp * k for k in (3, 1, 4)]
+    docs = [long_number_labels(1, n, seed + i) for i, n in enumerate(lengths)]
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    packed = torch.cat(docs, dim=1)
+    total = packed.size(1)
+    positions = cp_positions(total // cp, cp, rank, cu_seqlens)
+    full = logits_for(total, 1, PADDED_VOCAB_SIZE, seed)
+    for loss in ("del", "dist2"):
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB)
+        parts = dm.numerical_lm_loss(
+            packed[:, positions],
+            full[positions],
+            cfg,
+            return_parts=True,
+            cp_group=dist.group.WORLD,
+            cu_seqlens=cu_seqlens,
+        )
+        expected = documents_one_by_one(docs, full, cfg)
+        for actual, want in zip(parts, expected, strict=True):
+            torch.testing.assert_close(actual, want[:, positions], rtol=1e-12, atol=1e-12)
+
+
+def run_all(seed: int) -> None:
+    check_cp_equals_whole_sequence(seed)
+    check_cp_with_packed_documents(seed)
