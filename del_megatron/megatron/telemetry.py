@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from ..loss import LossPieces, NumericalLossConfig
+from . import accounting
 
 
 class _Record(NamedTuple):
@@ -43,15 +44,21 @@ def find(output: torch.Tensor) -> Optional[_Record]:
 
 
 def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
-    """The per-token loss [b, s] that any masked sum or mean turns into the "digit" reduction:
-    CE_t + alpha * term_t * n_tokens / n_digits, counted under `loss_mask` (the recorded output
-    unchanged for the "token" reduction)."""
+    """The per-token loss [b, s] that Megatron's masked sum and normalisation turn into the
+    "digit" reduction: CE_t + alpha * term_t * scale (the recorded output unchanged for the
+    "token" reduction). Inside a `with DigitAccounting(...)` step the scale makes the term a mean
+    over the step's global digit targets (accounting.py); otherwise over this micro-batch's
+    (n_tokens / n_digits, counted under `loss_mask`)."""
     if rec.cfg.reduction != "digit":
         return rec.output
     mask = loss_mask.reshape(rec.output.shape).to(rec.pieces.term.dtype)
     n_tokens = mask.sum()
-    n_digits = (rec.pieces.is_digit * mask).sum().clamp(min=1.0)
-    extra = rec.cfg.alpha * rec.pieces.term * (n_tokens / n_digits - 1.0)
+    step = accounting.active()
+    if step is not None:
+        scale = step.term_scale(n_tokens).to(n_tokens)
+    else:
+        scale = n_tokens / (rec.pieces.is_digit * mask).sum().clamp(min=1.0)
+    extra = rec.cfg.alpha * rec.pieces.term * (scale - 1.0)
     return rec.output + extra.to(rec.output.dtype)
 
 

@@ -1,0 +1,120 @@
+"""The "digit" reduction over a whole training step: micro-batches and data-parallel ranks.
+
+Megatron normalises the summed per-token loss of each micro-batch either by the global number of
+loss tokens (calculate_per_token_loss: grads scaled by 1 / sum over micro-batches and DP x CP
+ranks) or per micro-batch (loss / n_tokens / num_microbatches, grads averaged over DP x CP). The
+"digit" reduction wants the numerical term divided by the global number of digit targets
+instead. That count must be known before the step's first backward, so DigitAccounting looks
+ahead: on the first batch of each step it pulls all of the step's micro-batches from the data
+iterator, counts loss tokens and digit targets, and all-reduces the two counts over the DP x CP
+group (one collective of 2 numbers per step). Each micro-batch's term is then scaled so that,
+after Megatron's own normalisation, the step's loss is
+
+    sum(CE * m) / (Megatron's token normaliser) + alpha * sum(term * m) / N_digits_global
+
+whatever the cut into micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..numbers import number_layout
+from ..vocab import DigitVocab
+
+_active: List[DigitAccounting] = []
+
+
+def _dict_labels_and_mask(batch: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    return batch["labels"], batch.get("loss_mask")
+
+
+class DigitAccounting:
+    """Global counts of one step's loss tokens and digit targets, and the term scale from them.
+
+    vocab / ignore_index: as in NumericalLossConfig. num_microbatches: micro-batches a step.
+    group: the DP x CP group (Megatron's get_data_parallel_group(with_context_parallel=True));
+    None: one rank. per_token_loss: Megatron's calculate_per_token_loss. labels_and_mask:
+    batch -> (labels [b, s], loss_mask [b, s] or None); default reads a Megatron-LM dict batch.
+    """
+
+    def __init__(
+        self,
+        vocab: DigitVocab,
+        num_microbatches: int,
+        group: Optional[dist.ProcessGroup] = None,
+        per_token_loss: bool = False,
+        ignore_index: int = -100,
+        labels_and_mask: Callable[[Any], Tuple[torch.Tensor, Optional[torch.Tensor]]] = (
+            _dict_labels_and_mask
+        ),
+    ) -> None:
+        if not isinstance(num_microbatches, int) or num_microbatches < 1:
+            raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
+        self.vocab, self.num_microbatches, self.group = vocab, num_microbatches, group
+        self.per_token_loss, self.ignore_index = per_token_loss, ignore_index
+        self.labels_and_mask = labels_and_mask
+        self.n_tokens: Optional[torch.Tensor] = None
+        self.n_digits: Optional[torch.Tensor] = None
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.group is None else dist.get_world_size(self.group)
+
+    def count(self, batches: List[Any]) -> None:
+        """Count this rank's loss tokens and digit targets in `batches` and sum over the group."""
+        counts = torch.zeros(2, dtype=torch.float64)
+        for batch in batches:
+            labels, mask = self.labels_and_mask(batch)
+            if mask is None:
+                mask = labels != self.ignore_index
+            mask = mask.reshape(labels.shape).to(torch.float64)
+            is_digit = number_layout(labels, self.vocab, self.ignore_index).is_digit
+            counts += torch.stack([mask.sum(), (is_digit * mask).sum()]).cpu()
+        if self.group is not None:
+            device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
+            counts = counts.to(device)
+            dist.all_reduce(counts, group=self.group)
+        self.n_tokens, self.n_digits = counts[0].cpu(), counts[1].cpu()
+
+    def wrap(self, data_iterator: Iterator) -> Iterator:
+        """The iterator's batches, counted a step (num_microbatches batches) at a time."""
+        while True:
+            batches = []
+            for _ in range(self.num_microbatches):
+                try:
+                    batches.append(next(data_iterator))
+                except StopIteration:
+                    break
+            if not batches:
+                return
+            self.count(batches)
+            yield from batches
+
+    def term_scale(self, microbatch_tokens: torch.Tensor) -> torch.Tensor:
+        """Factor for this micro-batch's summed numerical term (its loss tokens: microbatch_tokens)
+        so that Megatron's normalisation turns it into sum(term) / N_digits_global."""
+        if self.n_digits is None:
+            raise RuntimeError(
+                "DigitAccounting has no counts for this step: pass the data iterator through "
+                "accounting.wrap(...) (or call count(batches)) before the step's forward passes"
+            )
+        n_digits = self.n_digits.clamp(min=1.0)
+        if self.per_token_loss:
+            return self.n_tokens / n_digits
+        return self.num_microbatches * self.ranks * microbatch_tokens.double().cpu() / n_digits
+
+    def __enter__(self) -> DigitAccounting:
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _active.remove(self)
+
+
+def active() -> Optional[DigitAccounting]:
+    """The DigitAccounting of the innermost `with accounting:` block, if any."""
+    return _active[-1] if _active else None

@@ -1,0 +1,146 @@
+"""Bodies of the step-accounting tests: one global batch, cut into 1, 2 or 4 micro-batches over
+DP = 1 or 2 ranks, trained through Megatron's own schedule, gives the gradients of the exact
+"digit" reduction over the whole batch."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+import del_megatron as dm
+import del_megatron.megatron as dmm
+
+from .gpt_helpers import GPT_VOCAB, SPACE, build_gpt, number_batch
+
+GLOBAL_BATCH = 8
+CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB, reduction="digit")
+
+
+def global_batch(seed: int):
+    """(tokens, labels, positions) [8, s]: sums text, with digits blanked out of the first half
+    of rows 1, 2 and 6, so that micro-batches differ in their share of digit targets."""
+    tokens, labels, positions = number_batch(GLOBAL_BATCH, seed)
+    labels = labels.clone()
+    labels[[1, 2, 6], : labels.size(1) // 2] = SPACE
+    return tokens, labels, positions
+
+
+def _grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+def reference(seed: int):
+    """(loss, grads) of the whole global batch on one rank: mean CE + alpha * sum(term) / digits."""
+    model = build_gpt(1)
+    tokens, labels, positions = global_batch(seed)
+    logits = model(tokens, positions, None)  # [b, s, V]
+    parts = dm.numerical_lm_loss(labels, logits.transpose(0, 1), CFG, return_parts=True)
+    loss = parts.ce.mean() + CFG.alpha * parts.term.sum() / parts.is_digit.sum()
+    loss.backward()
+    return loss.detach(), _grads(model)
+
+
+def _finalize(per_token: bool):
+    """Megatron's finalize_model_grads for plain DP on CPU: gradients summed over DP; then
+    divided by the step's global token count (calculate_per_token_loss) or averaged."""
+    group = dist.group.WORLD
+
+    def finalize(models, num_tokens, **kwargs):
+        world = dist.get_world_size(group)
+        if num_tokens is not None:
+            dist.all_reduce(num_tokens, group=group)
+        for param in models[0].parameters():
+            if param.grad is None:
+                continue
+            dist.all_reduce(param.grad, group=group)
+            param.grad /= float(num_tokens) if num_tokens is not None else world
+
+    return finalize
+
+
+def megatron_step(seed: int, microbatches: int, per_token: bool, accounting: bool):
+    """(reported loss, grads) of one step through Megatron's schedule on this DP rank's share."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    dp, rank = dist.get_world_size(), dist.get_rank()
+    model = build_gpt(1, config_kwargs={"calculate_per_token_loss": per_token})
+    model.config.finalize_model_grads_func = _finalize(per_token)
+    tokens, labels, positions = global_batch(seed)
+    share = GLOBAL_BATCH // dp
+    size = share // microbatches
+    mine = slice(rank * share, (rank + 1) * share)
+    batches = [
+        tuple(t[mine][i * size : (i + 1) * size] for t in (tokens, labels, positions))
+        for i in range(microbatches)
+    ]
+
+    def forward_step(data_iterator, model):
+        tokens, labels, positions = next(data_iterator)
+        output = model(tokens, positions, None, labels=labels)
+        return output, partial(dmm.numerical_loss_func, torch.ones_like(labels, dtype=torch.float))
+
+    step = dmm.DigitAccounting(
+        GPT_VOCAB,
+        microbatches,
+        group=dist.group.WORLD,
+        per_token_loss=per_token,
+        labels_and_mask=lambda batch: (batch[1], None),
+    )
+    data = step.wrap(iter(batches)) if accounting else iter(batches)
+    dmm.register(CFG)
+    try:
+        with step if accounting else _nothing():
+            reports = get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=data,
+                model=[model],
+                num_microbatches=microbatches,
+                seq_length=tokens.size(1),
+                micro_batch_size=size,
+            )
+    finally:
+        dmm.unregister()
+    summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
+    dist.all_reduce(summed)
+    return summed[0] / summed[1], _grads(model)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def check_cut_independence(seed: int) -> None:
+    dp = dist.get_world_size()
+    ref_loss, ref_grads = reference(seed)
+    scale = ref_grads.abs().max()
+    for per_token in (True, False):
+        for microbatches in (1, 2, 4) if dp == 1 else (1, 2):
+            loss, grads = megatron_step(seed, microbatches, per_token, accounting=True)
+            what = f"dp {dp} micro-batches {microbatches} per_token_loss {per_token}"
+            torch.testing.assert_close(loss, ref_loss, rtol=2e-6, atol=0, msg=what)
+            torch.testing.assert_close(grads, ref_grads, rtol=0, atol=2e-6 * scale, msg=what)
+    # Teeth: the per-micro-batch digit reduction depends on the cut.
+    _, grads = megatron_step(seed, 4 // dp, True, accounting=False)
+    gap = ((grads - ref_grads).abs().max() / scale).item()
+    assert gap > 1e-4, gap
+
+
+def check_count_needs_a_wrapped_iterator() -> None:
+    step = dmm.DigitAccounting(GPT_VOCAB, 2)
+    try:
+        step.term_scale(torch.tensor(3.0))
+    except RuntimeError as exc:
+        assert "accounting.wrap" in str(exc), exc
+    else:
+        raise AssertionError("term_scale without counts was not refused")
+
+
+def run_all(seed: int) -> None:
+    check_cut_independence(seed)
+    check_count_needs_a_wrapped_iterator()
