@@ -141,6 +141,101 @@ def check_count_needs_a_wrapped_iterator() -> None:
         raise AssertionError("term_scale without counts was not refused")
 
 
+def check_megatron_lm_glue(seed: int) -> None:
+    """Megatron-LM's layout at TP = world size: only tensor-parallel rank 0 holds a data
+    iterator (its get_batch broadcasts the batch); lm.counted() counts the step there and the
+    other rank receives the counts. Reported loss and the (replicated) final-norm gradient equal
+    the whole-batch reference, for calculate_per_token_loss on and off."""
+    import types
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from del_megatron.megatron import accounting, lm
+
+    tp, rank = dist.get_world_size(), dist.get_rank()
+    # The reference: the same TP model, the whole batch in one pass of numerical_lm_loss.
+    ref_model = build_gpt(tp)
+    tokens, labels, positions = global_batch(seed)
+    logits = ref_model(tokens, positions, None)  # [b, s, V/tp]
+    parts = dm.numerical_lm_loss(
+        labels, logits.transpose(0, 1), CFG, ps.get_tensor_model_parallel_group(), True
+    )
+    ref_loss = parts.ce.mean() + CFG.alpha * parts.term.sum() / parts.is_digit.sum()
+    ref_loss.backward()
+    ref_norm_grad = ref_model.decoder.final_layernorm.weight.grad
+
+    microbatches, size = 4, GLOBAL_BATCH // 4
+    init_num_microbatches_calculator(rank, None, GLOBAL_BATCH, size, 1)
+    try:
+        for per_token in (True, False):
+            model = build_gpt(tp, config_kwargs={"calculate_per_token_loss": per_token})
+            batches = [
+                {
+                    "tokens": tokens[i * size : (i + 1) * size],
+                    "labels": labels[i * size : (i + 1) * size],
+                }
+                for i in range(microbatches)
+            ]
+            data = iter(batches) if ps.get_tensor_model_parallel_rank() == 0 else None
+
+            def forward_step(data_iterator, model):
+                data_iterator = lm.counted(data_iterator)
+                batch = next(data_iterator) if data_iterator is not None else None
+                shape = (size, tokens.size(1))
+                received = [torch.empty(shape, dtype=torch.long) for _ in range(2)]
+                if batch is not None:
+                    received = [batch["tokens"].clone(), batch["labels"].clone()]
+                for t in received:
+                    dist.broadcast(t, src=ps.get_tensor_model_parallel_src_rank())
+                output = model(received[0], positions[:size], None, labels=received[1])
+                mask = torch.ones(shape)
+                return output, partial(dmm.numerical_loss_func, mask)
+
+            args = types.SimpleNamespace(numerical_loss="del", calculate_per_token_loss=per_token)
+            dmm.register(CFG)
+            step = lm.step_accounting(CFG, args)
+            try:
+                with step:
+                    reports = get_forward_backward_func()(
+                        forward_step_func=forward_step,
+                        data_iterator=data,
+                        model=[model],
+                        num_microbatches=microbatches,
+                        seq_length=tokens.size(1),
+                        micro_batch_size=size,
+                    )
+            finally:
+                dmm.unregister()
+                lm._counted.clear()
+            assert accounting.active() is None
+            summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
+            what = f"tp rank {rank} per_token_loss {per_token}"
+            torch.testing.assert_close(
+                summed[0] / summed[1], ref_loss.detach(), rtol=2e-6, atol=0, msg=what
+            )
+            # No finalize_model_grads here: per-token gradients are still sums over tokens.
+            norm_grad = model.decoder.final_layernorm.weight.grad
+            scale = float(summed[1]) if per_token else 1.0
+            torch.testing.assert_close(
+                norm_grad / scale,
+                ref_norm_grad,
+                rtol=0,
+                atol=2e-6 * ref_norm_grad.abs().max(),
+                msg=what,
+            )
+    finally:
+        destroy_num_microbatches_calculator()
+
+
 def run_all(seed: int) -> None:
     check_cut_independence(seed)
     check_count_needs_a_wrapped_iterator()
+
+
+def run_megatron_lm_glue(seed: int) -> None:
+    check_megatron_lm_glue(seed)

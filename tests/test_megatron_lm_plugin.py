@@ -61,13 +61,19 @@ def test_install_wraps_loss_func_once():
         calls.append(output_tensor)
         return output_tensor.sum(), loss_mask.sum(), {"lm loss": torch.zeros(2)}
 
-    module = types.SimpleNamespace(loss_func=loss_func)
+    def get_batch(data_iterator, vp_stage=None):
+        return next(data_iterator)
+
+    module = types.SimpleNamespace(loss_func=loss_func, get_batch=get_batch)
     lm.install(module)
-    first = module.loss_func
+    first, first_get_batch = module.loss_func, module.get_batch
     lm.install(module)
     assert module.loss_func is first and first is not loss_func
+    assert module.get_batch is first_get_batch and first_get_batch is not get_batch
     out = torch.ones(1, 2)
     assert first(torch.ones(1, 2), out)[0].item() == 2 and calls == [out]
+    # Without a "digit" reduction the iterator passes through untouched.
+    assert module.get_batch(iter([7]), vp_stage=None) == 7
     telemetry.clear()
 
 
@@ -91,6 +97,7 @@ def test_patches_are_well_formed_and_use_only_the_public_plugin_api(patch):
     for module, name in imports:
         assert hasattr(__import__(module, fromlist=[name]), name), (module, name)
     assert "del_add_arguments" in text and "del_make_loss_func(loss_func)" in text
+    assert "data_iterator = del_counted(data_iterator)" in text
 
 
 def test_loss_func_wrapper_signature_matches_megatron_lm():

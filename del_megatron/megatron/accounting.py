@@ -17,7 +17,7 @@ whatever the cut into micro-batches and ranks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -35,34 +35,55 @@ def _dict_labels_and_mask(batch: Any) -> Tuple[torch.Tensor, Optional[torch.Tens
 class DigitAccounting:
     """Global counts of one step's loss tokens and digit targets, and the term scale from them.
 
-    vocab / ignore_index: as in NumericalLossConfig. num_microbatches: micro-batches a step.
-    group: the DP x CP group (Megatron's get_data_parallel_group(with_context_parallel=True));
-    None: one rank. per_token_loss: Megatron's calculate_per_token_loss. labels_and_mask:
-    batch -> (labels [b, s], loss_mask [b, s] or None); default reads a Megatron-LM dict batch.
+    vocab / ignore_index: as in NumericalLossConfig. num_microbatches: micro-batches a step
+    (an int, or a function read at each step, e.g. Megatron's get_num_microbatches).
+    group: the ranks whose batches together make the global batch: the DP x CP group when each
+    CP rank's iterator yields its own chunks, the DP group when every CP rank reads the whole
+    sequences (Megatron-LM); None: one rank. ranks: the DP x CP size Megatron averages over
+    (default: the size of `group`). per_token_loss: Megatron's calculate_per_token_loss.
+    share_group / share_src: ranks that compute the loss without reading data (Megatron-LM's
+    tensor-parallel ranks other than the first) receive the counts by a broadcast from global
+    rank share_src before every use. labels_and_mask: batch -> (labels [b, s], loss_mask [b, s]
+    or None); default reads a Megatron-LM dict batch.
     """
 
     def __init__(
         self,
         vocab: DigitVocab,
-        num_microbatches: int,
+        num_microbatches: Union[int, Callable[[], int]],
         group: Optional[dist.ProcessGroup] = None,
         per_token_loss: bool = False,
         ignore_index: int = -100,
         labels_and_mask: Callable[[Any], Tuple[torch.Tensor, Optional[torch.Tensor]]] = (
             _dict_labels_and_mask
         ),
+        ranks: Optional[int] = None,
+        share_group: Optional[dist.ProcessGroup] = None,
+        share_src: int = 0,
     ) -> None:
-        if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        if not callable(num_microbatches) and (
+            not isinstance(num_microbatches, int) or num_microbatches < 1
+        ):
             raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
-        self.vocab, self.num_microbatches, self.group = vocab, num_microbatches, group
+        self.vocab, self._microbatches, self.group = vocab, num_microbatches, group
         self.per_token_loss, self.ignore_index = per_token_loss, ignore_index
         self.labels_and_mask = labels_and_mask
+        self._ranks, self.share_group, self.share_src = ranks, share_group, share_src
         self.n_tokens: Optional[torch.Tensor] = None
         self.n_digits: Optional[torch.Tensor] = None
 
     @property
+    def num_microbatches(self) -> int:
+        return self._microbatches() if callable(self._microbatches) else self._microbatches
+
+    @property
     def ranks(self) -> int:
+        if self._ranks is not None:
+            return self._ranks
         return 1 if self.group is None else dist.get_world_size(self.group)
+
+    def _device(self, group) -> str:
+        return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
 
     def count(self, batches: List[Any]) -> None:
         """Count this rank's loss tokens and digit targets in `batches` and sum over the group."""
@@ -75,16 +96,25 @@ class DigitAccounting:
             is_digit = number_layout(labels, self.vocab, self.ignore_index).is_digit
             counts += torch.stack([mask.sum(), (is_digit * mask).sum()]).cpu()
         if self.group is not None:
-            device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
-            counts = counts.to(device)
+            counts = counts.to(self._device(self.group))
             dist.all_reduce(counts, group=self.group)
         self.n_tokens, self.n_digits = counts[0].cpu(), counts[1].cpu()
+
+    def _share(self) -> None:
+        """Broadcast the counts from share_src over share_group (-1: none yet)."""
+        counts = torch.full((2,), -1.0, dtype=torch.float64)
+        if self.n_digits is not None:
+            counts = torch.stack([self.n_tokens, self.n_digits])
+        counts = counts.to(self._device(self.share_group))
+        dist.broadcast(counts, src=self.share_src, group=self.share_group)
+        if counts[1] >= 0:
+            self.n_tokens, self.n_digits = counts[0].cpu(), counts[1].cpu()
 
     def wrap(self, data_iterator: Iterator) -> Iterator:
         """The iterator's batches, counted a step (num_microbatches batches) at a time."""
         while True:
             batches = []
-            for _ in range(self.num_microbatches):
+            for _ in range(self.num_microbatches):  # read at every step: it may ramp up
                 try:
                     batches.append(next(data_iterator))
                 except StopIteration:
@@ -97,6 +127,8 @@ class DigitAccounting:
     def term_scale(self, microbatch_tokens: torch.Tensor) -> torch.Tensor:
         """Factor for this micro-batch's summed numerical term (its loss tokens: microbatch_tokens)
         so that Megatron's normalisation turns it into sum(term) / N_digits_global."""
+        if self.share_group is not None and dist.get_world_size(self.share_group) > 1:
+            self._share()
         if self.n_digits is None:
             raise RuntimeError(
                 "DigitAccounting has no counts for this step: pass the data iterator through "
