@@ -17,7 +17,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank, world_size, port, megatron_tp, megatron_pp, fn: Callable, args: tuple):
+def _entry(rank, world_size, port, megatron_tp, megatron_pp, megatron_cp, fn: Callable, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -28,6 +28,7 @@ def _entry(rank, world_size, port, megatron_tp, megatron_pp, fn: Callable, args:
             parallel_state.initialize_model_parallel(
                 tensor_model_parallel_size=megatron_tp,
                 pipeline_model_parallel_size=megatron_pp,
+                context_parallel_size=megatron_cp,
             )
         fn(*args)
     finally:
@@ -39,13 +40,19 @@ def _entry(rank, world_size, port, megatron_tp, megatron_pp, fn: Callable, args:
 
 
 def run_distributed(
-    fn: Callable[..., Any], world_size: int, *args: Any, megatron_tp: int = 0, megatron_pp: int = 1
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    megatron_tp: int = 0,
+    megatron_pp: int = 1,
+    megatron_cp: int = 1,
 ):
     """Call fn(*args) on `world_size` spawned processes (gloo). With megatron_tp, Megatron-Core's
-    parallel_state is initialised with that tensor- (and megatron_pp pipeline-) parallel size.
+    parallel_state is initialised with that tensor- (and megatron_pp pipeline-, megatron_cp
+    context-) parallel size.
     A failing rank fails the caller with its traceback."""
     mp.spawn(
         _entry,
-        args=(world_size, free_port(), megatron_tp, megatron_pp, fn, args),
+        args=(world_size, free_port(), megatron_tp, megatron_pp, megatron_cp, fn, args),
         nprocs=world_size,
     )

@@ -49,9 +49,8 @@ def build_gpt(
         transformer_layer_spec=spec,
         vocab_size=VOCAB_SIZE,
         max_sequence_length=64,
-        position_embedding_type="rope",
         mtp_block_spec=mtp_spec,
-        **model_kwargs,
+        **{"position_embedding_type": "rope", **model_kwargs},
     )
 
 

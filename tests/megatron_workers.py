@@ -101,8 +101,10 @@ def check_register_cycle(tp: int) -> None:
     """register / unregister / register: the original method comes back exactly, and the
     loss is Megatron's own after unregister and ours after register again."""
     from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.models.gpt import GPTModel
 
     original = LanguageModule.compute_language_model_loss
+    original_forward = GPTModel.forward
     tokens, labels, positions = number_batch(2, seed=3)
     model = build_gpt(tp)
     megatron_loss = model(tokens, positions, None, labels=labels)
@@ -112,6 +114,7 @@ def check_register_cycle(tp: int) -> None:
     ours = model(tokens, positions, None, labels=labels)
     dmm.unregister()
     assert LanguageModule.compute_language_model_loss is original and not dmm.is_registered()
+    assert GPTModel.forward is original_forward
     torch.testing.assert_close(model(tokens, positions, None, labels=labels), megatron_loss)
     dmm.register(CFG)
     again = model(tokens, positions, None, labels=labels)
@@ -165,6 +168,71 @@ def check_config_fields_and_fusion_modes(tp: int) -> None:
             raise AssertionError("an impl that bypasses the loss hook was not refused")
     finally:
         dmm.unregister()
+
+
+def check_hook_passes_the_cp_group() -> None:
+    """Under context parallelism (parallel_state CP = world size) the hook weighs the local
+    chunks' digits as in the whole sequence: it equals numerical_lm_loss(cp_group=...). (The
+    model runs with its local attention, which knows no CP; only the loss seam is checked.)"""
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    tokens, labels, positions = number_batch(2, seed=11)
+    # Megatron's RoPE slices its table for CP with pinned memory, which needs CUDA.
+    model = build_gpt(1, position_embedding_type="learned_absolute")
+    cp_group = parallel_state.get_context_parallel_group()
+    local = get_batch_on_this_cp_rank(
+        {"tokens": tokens, "labels": labels, "position_ids": positions}, cp_group
+    )
+    args = (local["tokens"], local["position_ids"], None)
+    logits = model(*args).transpose(0, 1).detach()
+    dmm.register(CFG)
+    try:
+        hooked = model(*args, labels=local["labels"])
+    finally:
+        dmm.unregister()
+    expected = dm.numerical_lm_loss(local["labels"], logits, CFG, cp_group=cp_group)
+    torch.testing.assert_close(hooked, expected, rtol=1e-6, atol=1e-6)
+    unsplit = dm.numerical_lm_loss(local["labels"], logits, CFG)
+    assert not torch.allclose(hooked, unsplit)
+
+
+def check_packed_seq_params_reach_the_hook() -> None:
+    """GPTModel.forward, wrapped by register(), shows the call's packed_seq_params (keyword or
+    positional) to the loss hook: THD cu_seqlens (padded ones first), nothing for other
+    formats and after the call."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from del_megatron.megatron import hook
+
+    seen = []
+
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        attention_mask,
+        decoder_input=None,
+        labels=None,
+        inference_context=None,
+        packed_seq_params=None,
+    ):
+        seen.append(hook._cu_seqlens())
+
+    wrapped = hook._capture_packed_seq_params(forward)
+    cu, padded = torch.tensor([0, 3, 8]), torch.tensor([0, 4, 8])
+    wrapped(None, 1, 2, 3, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu))
+    thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_q_padded=padded)
+    wrapped(None, 1, 2, 3, None, None, None, thd)
+    wrapped(None, 1, 2, 3, packed_seq_params=PackedSeqParams(qkv_format="sbhd"))
+    wrapped(None, 1, 2, 3)
+    assert seen[0] is cu and seen[1] is padded and seen[2:] == [None, None]
+    assert hook._cu_seqlens() is None
+
+
+def run_cp_hook_checks() -> None:
+    check_hook_passes_the_cp_group()
+    check_packed_seq_params_reach_the_hook()
 
 
 def run_hook_checks(tp: int) -> None:

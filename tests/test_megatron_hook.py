@@ -5,7 +5,7 @@ import json
 import pytest
 
 from .distributed import run_distributed
-from .megatron_workers import run_hook_checks, train_curve
+from .megatron_workers import run_cp_hook_checks, run_hook_checks, train_curve
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -53,3 +53,7 @@ def test_bridge_and_nemo_adapters():
     from .megatron_workers import check_bridge_and_nemo_adapters
 
     run_distributed(check_bridge_and_nemo_adapters, 1, megatron_tp=1)
+
+
+def test_hook_under_context_parallel_and_packed_sequences():
+    run_distributed(run_cp_hook_checks, 2, megatron_tp=1, megatron_cp=2)

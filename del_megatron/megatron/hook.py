@@ -2,11 +2,16 @@
 
 GPTModel, its MTP head and hybrid models all compute their loss with that method (same signature
 from core 0.13 to main), so replacing it on the base class covers them, even in modules that
-imported GPTModel before register() ran.
+imported GPTModel before register() ran. The hook passes Megatron's context-parallel group, and
+GPTModel.forward is wrapped so that the hook sees the packed_seq_params (THD cu_seqlens) of the
+call in progress.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
 import logging
 from dataclasses import replace
 from typing import Optional
@@ -115,6 +120,59 @@ def _tp_group(module, logits: torch.Tensor):
     )
 
 
+def _cp_group(module):
+    """Megatron's context-parallel group when the sequence is split over more than one rank."""
+    from megatron.core import parallel_state
+
+    group = getattr(module, "cp_group", None)
+    if group is None and parallel_state.model_parallel_is_initialized():
+        group = parallel_state.get_context_parallel_group(check_initialized=False)
+    if group is None or dist.get_world_size(group) == 1:
+        return None
+    return group
+
+
+# The PackedSeqParams of the GPTModel.forward in progress (set by _capture_packed_seq_params).
+_packed_seq_params: contextvars.ContextVar = contextvars.ContextVar(
+    "del_megatron_packed_seq_params", default=None
+)
+
+
+def _cu_seqlens() -> Optional[torch.Tensor]:
+    """Document offsets of a packed (THD) batch in the whole sequence, else None."""
+    params = _packed_seq_params.get()
+    if params is None or getattr(params, "qkv_format", None) != "thd":
+        return None
+    padded = getattr(params, "cu_seqlens_q_padded", None)
+    return padded if padded is not None else params.cu_seqlens_q
+
+
+def _capture_packed_seq_params(forward):
+    """GPTModel.forward that makes its packed_seq_params (keyword or positional) visible to the
+    loss hook for the duration of the call."""
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        try:
+            params = signature.bind_partial(*args, **kwargs).arguments.get("packed_seq_params")
+        except TypeError:  # let forward itself report the bad call
+            params = None
+        token = _packed_seq_params.set(params)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _packed_seq_params.reset(token)
+
+    return wrapped
+
+
+def _gpt_model():
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel
+
+
 def _resolve_cfg(module) -> Optional[NumericalLossConfig]:
     cfg = _state["cfg"]
     if cfg is None:
@@ -136,7 +194,14 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         )
     # The "digit" reduction is applied by the loss_func wrapper, which has the loss mask; the
     # model always returns the "token" form so that a plain Megatron loss_func stays correct.
-    pieces = loss_pieces(labels, logits, replace(cfg, reduction="token"), _tp_group(self, logits))
+    pieces = loss_pieces(
+        labels,
+        logits,
+        replace(cfg, reduction="token"),
+        _tp_group(self, logits),
+        cp_group=_cp_group(self),
+        cu_seqlens=_cu_seqlens(),
+    )
     loss = pieces.ce + cfg.alpha * pieces.term
     telemetry.record(loss, pieces, cfg)
     return loss
@@ -154,6 +219,10 @@ def register(cfg: Optional[NumericalLossConfig] = None) -> None:
     if not hasattr(module, _MARKER):
         setattr(module, _MARKER, module.compute_language_model_loss)
         module.compute_language_model_loss = _compute_language_model_loss
+    gpt = _gpt_model()
+    if _MARKER not in vars(gpt):
+        setattr(gpt, _MARKER, gpt.forward)
+        gpt.forward = _capture_packed_seq_params(gpt.forward)
     _state["cfg"] = cfg
 
 
@@ -163,6 +232,10 @@ def unregister() -> None:
     if hasattr(module, _MARKER):
         module.compute_language_model_loss = getattr(module, _MARKER)
         delattr(module, _MARKER)
+    gpt = _gpt_model()
+    if _MARKER in vars(gpt):
+        gpt.forward = vars(gpt)[_MARKER]
+        delattr(gpt, _MARKER)
     _state["cfg"] = None
     telemetry.clear()
 
