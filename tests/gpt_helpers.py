@@ -26,8 +26,8 @@ def build_gpt(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     cpu.install()
+    config_kwargs = {"num_layers": 2, **(config_kwargs or {})}
     config = TransformerConfig(
-        num_layers=2,
         hidden_size=64,
         num_attention_heads=4,
         use_cpu_initialization=True,
@@ -37,7 +37,7 @@ def build_gpt(
         attention_dropout=0.0,
         mtp_num_layers=mtp_layers,
         pipeline_dtype=torch.float32,
-        **(config_kwargs or {}),
+        **config_kwargs,
     )
     cpu.seed(1234)
     spec = get_gpt_layer_local_spec()

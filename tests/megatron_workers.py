@@ -243,34 +243,52 @@ def run_hook_checks(tp: int) -> None:
     check_config_fields_and_fusion_modes(tp)
 
 
-def _stage_model(pp_rank: int, pp_size: int):
-    """This pipeline stage's GPTModel with the weights of the PP=1 model (same seed)."""
+def _stage_models(pp_size: int, vp_size: int, num_layers: int):
+    """This pipeline rank's model chunks (one per virtual stage) with the weights of the
+    single-stage model (same seed): each layer takes the weights of its global layer_number."""
     from megatron.core import parallel_state
 
-    full = build_gpt(1)
-    stage = build_gpt(
-        1,
-        config_kwargs={"pipeline_model_parallel_size": pp_size},
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-    )
-    per_stage = full.config.num_layers // pp_size
+    full = build_gpt(1, config_kwargs={"num_layers": num_layers})
     source = full.state_dict()
-    target = {}
-    for name in stage.state_dict():
-        if name.startswith("decoder.layers."):
-            local, rest = name[len("decoder.layers.") :].split(".", 1)
-            name_in_full = f"decoder.layers.{int(local) + pp_rank * per_stage}.{rest}"
-        else:
-            name_in_full = name
-        target[name] = source[name_in_full]
-    stage.load_state_dict(target)
-    return stage
+    chunks = []
+    for vp_stage in range(vp_size):
+        extra = {"pipeline_model_parallel_size": pp_size, "num_layers": num_layers}
+        kwargs = {}
+        if vp_size > 1:
+            extra["virtual_pipeline_model_parallel_size"] = vp_size
+            # gloo's batch_isend_irecv pairs the interleaved schedule's sends and receives
+            # across micro-batches (losses off by 0.1% at step 0); NCCL's does not.
+            extra["batch_p2p_comm"] = False
+            kwargs["vp_stage"] = vp_stage
+        stage = build_gpt(
+            1,
+            config_kwargs=extra,
+            pre_process=parallel_state.is_pipeline_first_stage(
+                ignore_virtual=False, vp_stage=vp_stage
+            ),
+            post_process=parallel_state.is_pipeline_last_stage(
+                ignore_virtual=False, vp_stage=vp_stage
+            ),
+            **kwargs,
+        )
+        target = {}
+        for name in stage.state_dict():
+            if name.startswith("decoder.layers."):
+                local, rest = name[len("decoder.layers.") :].split(".", 1)
+                number = stage.decoder.layers[int(local)].layer_number
+                name_in_full = f"decoder.layers.{number - 1}.{rest}"
+            else:
+                name_in_full = name
+            target[name] = source[name_in_full]
+        stage.load_state_dict(target)
+        chunks.append(stage)
+    return chunks
 
 
-def pipeline_curve(steps: int, out_path: str) -> None:
-    """Train through Megatron's own schedules (PP = world size); the last stage writes its
-    per-step reports. The loss seam must run on the last stage only."""
+def pipeline_curve(steps: int, out_path: str, vp_size: int = 1) -> None:
+    """Train a 4-layer GPT through Megatron's own schedules (PP = world size, vp_size virtual
+    stages a rank: the interleaved schedule); the last stage writes its per-step reports. The
+    loss seam must run on the last stage only."""
     from functools import partial
 
     from megatron.core import parallel_state
@@ -280,9 +298,9 @@ def pipeline_curve(steps: int, out_path: str) -> None:
 
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    model = _stage_model(pp_rank, pp_size) if pp_size > 1 else build_gpt(1)
+    chunks = _stage_models(pp_size, vp_size, num_layers=4)
     dmm.register(CFG)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam([p for c in chunks for p in c.parameters()], lr=3e-3)
     calls = []
 
     def forward_step(data_iterator, model):
@@ -299,8 +317,8 @@ def pipeline_curve(steps: int, out_path: str) -> None:
             optimizer.zero_grad()
             reduced = get_forward_backward_func()(
                 forward_step_func=forward_step,
-                data_iterator=iter(batches),
-                model=[model],
+                data_iterator=[iter(batches) for _ in chunks] if vp_size > 1 else iter(batches),
+                model=chunks,
                 num_microbatches=4,
                 seq_length=batches[0][0].size(1),
                 micro_batch_size=2,
@@ -311,8 +329,11 @@ def pipeline_curve(steps: int, out_path: str) -> None:
                 reports.append(summed)
     finally:
         dmm.unregister()
-    last = parallel_state.is_pipeline_last_stage()
-    assert all(calls) if last else not any(calls), (pp_rank, calls)
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    if vp_size == 1:
+        assert all(calls) if last else not any(calls), (pp_rank, calls)
+    else:  # the last rank's last virtual stage computes the loss, its first one does not
+        assert sum(calls) == (steps * 4 if last else 0), (pp_rank, sum(calls), len(calls))
     assert bool(reports) == last
     if last:
         with open(out_path, "w") as fh:

@@ -25,16 +25,20 @@ def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(tmp_pa
     assert last < 0.7 * first, curves[1]
 
 
-def test_pipeline_parallel_2_matches_pp1_through_megatron_schedules(tmp_path):
+def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_schedules(tmp_path):
     from .megatron_workers import pipeline_curve
 
     reports = {}
-    for pp in (1, 2):
-        path = tmp_path / f"pp{pp}.json"
-        run_distributed(pipeline_curve, pp, 3, str(path), megatron_tp=1, megatron_pp=pp)
-        reports[pp] = json.loads(path.read_text())
-    assert len(reports[1]) == 3
-    for one, two in zip(reports[1], reports[2], strict=True):
+    for pp, vp in ((1, None), (2, None), (2, 2)):
+        path = tmp_path / f"pp{pp}-vp{vp}.json"
+        run_distributed(
+            pipeline_curve, pp, 3, str(path), vp or 1, megatron_tp=1, megatron_pp=pp, megatron_vp=vp
+        )
+        reports[pp, vp] = json.loads(path.read_text())
+    assert len(reports[1, None]) == 3
+    for one, two, interleaved in zip(
+        reports[1, None], reports[2, None], reports[2, 2], strict=True
+    ):
         assert set(one) == {
             "lm loss",
             "ce loss",
@@ -45,7 +49,8 @@ def test_pipeline_parallel_2_matches_pp1_through_megatron_schedules(tmp_path):
         }
         for key in one:
             assert one[key] == pytest.approx(two[key], rel=1e-5), key
-    lm = [r["lm loss"][0] / r["lm loss"][1] for r in reports[1]]
+            assert one[key] == pytest.approx(interleaved[key], rel=1e-5), key
+    lm = [r["lm loss"][0] / r["lm loss"][1] for r in reports[1, None]]
     assert lm[-1] < lm[0]
 
 
