@@ -382,6 +382,8 @@ def check_bridge_and_nemo_adapters() -> None:
     loss_mask[:, :3] = 0
 
     def stand_in_forward_step(state, data_iterator, model, return_schedule_plan=False):
+        batch = next(data_iterator)  # Bridge's get_batch
+        assert batch["labels"] is labels
         output = model(tokens, positions, None, labels=labels)
         return output, partial(stand_in_masked_next_token_loss, loss_mask)
 
@@ -393,12 +395,25 @@ def check_bridge_and_nemo_adapters() -> None:
     assert provider.del_digit_token_ids == list(GPT_VOCAB.digit_ids)
     assert provider.del_decimal_point_token_ids == list(GPT_VOCAB.decimal_point_ids)
     cpu.seed(5)
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+
+    from del_megatron.megatron import accounting
+
+    init_num_microbatches_calculator(0, None, 2, 2, 1)
     model = provider.provide()
+    step = accounting.active()  # del_reduction="digit": the step accounting is on
+    assert step is not None
     try:
+        data = iter([{"labels": labels, "loss_mask": loss_mask}])
         output, loss_function = bridge.numerical_forward_step(
-            None, None, model, base_forward_step=stand_in_forward_step
+            None, data, model, base_forward_step=stand_in_forward_step
         )
         loss, num_tokens, report = loss_function(output)
+        step.__exit__()
+        destroy_num_microbatches_calculator()
         logits = model(tokens, positions, None).transpose(0, 1)
         cfg = dm.NumericalLossConfig(alpha=0.5, vocab=GPT_VOCAB)
         parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)

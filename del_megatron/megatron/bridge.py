@@ -20,6 +20,7 @@ from typing import Callable, List, Optional
 import torch
 
 from ..vocab import DigitVocab
+from . import accounting
 from .hook import (
     FIELD_ALPHA,
     FIELD_DIGITS,
@@ -30,6 +31,7 @@ from .hook import (
     check_model_config,
     register,
 )
+from .lm import counted, step_accounting
 from .telemetry import apply_to_loss
 
 PROVIDER_FIELDS = [
@@ -53,6 +55,8 @@ def with_numerical_loss(provider_cls: type) -> type:
         if cfg is not None and cfg.loss != "ce":
             check_model_config(self)
             register()  # each model reads its own config (this provider) at loss time
+            if cfg.reduction == "digit" and accounting.active() is None:
+                step_accounting(cfg, self).__enter__()  # fed by numerical_forward_step
         return provider_cls.provide(self, *args, **kwargs)
 
     return dataclasses.make_dataclass(
@@ -91,8 +95,10 @@ def wrap_loss_function(loss_function: partial) -> Callable:
 def numerical_forward_step(
     state, data_iterator, model, return_schedule_plan: bool = False, base_forward_step=None
 ):
-    """Megatron-Bridge forward_step with del_megatron's loss function wrapper."""
+    """Megatron-Bridge forward_step with del_megatron's loss function wrapper (and, for the
+    "digit" reduction, its data iterator counted a step at a time)."""
     if base_forward_step is None:
         from megatron.bridge.training.gpt_step import forward_step as base_forward_step
+    data_iterator = counted(data_iterator)
     output, loss_function = base_forward_step(state, data_iterator, model, return_schedule_plan)
     return output, wrap_loss_function(loss_function)
