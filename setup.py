@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 setup(
     name="del-megatron",
     version="0.1.0",
-    description="Digit Entropy Loss (DEL) and digit-aware peer losses for Megatron-Core pretraining",
+    description="Digit Entropy Loss (DEL) and its peer losses for Megatron-Core pretraining",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["del_megatron", "del_megatron.*"]),
@@ -18,7 +18,14 @@ setup(
     extras_require={
         "megatron": ["megatron-core>=0.13"],
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "numpy"],
-        "demo": ["megatron-core>=0.13", "sentencepiece", "tiktoken", "tokenizers", "tqdm", "matplotlib"],
+        "demo": [
+            "megatron-core>=0.13",
+            "sentencepiece",
+            "tiktoken",
+            "tokenizers",
+            "tqdm",
+            "matplotlib",
+        ],
         "gpu": ["transformer-engine[pytorch]"],
     },
     classifiers=[
