@@ -15,7 +15,8 @@ the default allocator). On CUDA: CUDA events and torch.cuda.max_memory_allocated
 
 Rows (`impl`): megatron_ce (the reference of every ratio) and megatron_fused (its torch.compile'd
 variant); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto"); del_softmax,
-del_compiled (DEL on the other kernels); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
+del_compiled and, on CUDA, del_recompute (DEL on the other kernels); del_naive (plain autograd
+DEL over F.cross_entropy, TP 1);
 ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
 del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
@@ -147,7 +148,7 @@ def _have_ntloss() -> bool:
     return True
 
 
-def loss_implementations(dtype_name: str, tp: int, group):
+def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     """name -> fn(labels [b, s], logits [s, b, V/tp]) returning a [b, s] loss."""
     from megatron.core import tensor_parallel
     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
@@ -170,6 +171,8 @@ def loss_implementations(dtype_name: str, tp: int, group):
         impls[loss] = ours(loss)
     impls["del_softmax"] = ours("del", kernel="softmax")
     impls["del_compiled"] = ours("del", kernel="compiled")
+    if device.type == "cuda":  # elsewhere "del" is the recompute kernel already
+        impls["del_recompute"] = ours("del", kernel="recompute")
     if dtype_name == "fp32":
         impls["del_copy"] = ours("del", inplace=False)
     if tp == 1:
@@ -258,7 +261,7 @@ def _worker(rank, world, port, case, phase, reps, names, queue):
     if case.get("hidden"):
         impls = linear_implementations(world, group)
     else:
-        impls = loss_implementations(case["dtype"], world, group)
+        impls = loss_implementations(case["dtype"], world, group, device)
     impls = {n: f for n, f in impls.items() if (not names or n in names) and _fits(case, n, device)}
     make_inputs = _make_inputs(case, rank, world, device)
     meter = Meter(device)
