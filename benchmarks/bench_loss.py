@@ -388,12 +388,16 @@ def main(argv=None):
                     for name, row in rows.items():
                         results.append({**case, "impl": name, **row})
                         _print_row(case, name, row)
+                    _write(args, results)  # after every case: a long grid keeps what it has
+    print(f"wrote {args.json}")
+
+
+def _write(args, results) -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "cpus": os.cpu_count(), "reps": args.reps}
     if args.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
     args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
