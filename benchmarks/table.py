@@ -21,11 +21,49 @@ def fmt(value, spec):
     return "" if value is None else format(value, spec)
 
 
+HEADS = ("ce", "del", "ntl_was", "ntl_mse", "dist2")
+PEERS = ("megatron_fused", "del_softmax", "del_compiled", "del_naive", "ntloss_was")
+
+
+def summary(paths) -> None:
+    """One line a case: Megatron's time, then time / memory ratios of DEL and the peers."""
+    cases = {}
+    for r in rows(paths, ()):
+        cases.setdefault((r["tokens"], r["vocab"], r["tp"], r["dtype"]), {})[r["impl"]] = r
+    print(
+        "| tokens | vocab | TP | logits | Megatron CE ms | DEL time | DEL memory | slowest head | "
+        + " | ".join(PEERS)
+        + " | place_weights / DEL |"
+    )
+    print("|---" * (9 + len(PEERS)) + "|")
+    for (tokens, vocab, tp, dtype), impls in cases.items():
+        ref, ours = impls["megatron_ce"], impls["del"]
+        heads = [impls[h]["time_ratio"] for h in HEADS if h in impls]
+        peers = []
+        for name in PEERS:
+            row = impls.get(name)
+            cell = f"{row['time_ratio']:.2f}x / {row['peak_ratio']:.2f}x" if row else "-"
+            peers.append(cell)
+        share = None
+        if "place_weights" in impls:
+            share = impls["place_weights"]["time_s"] / ours["time_s"]
+        print(
+            f"| {tokens} | {vocab} | {tp} | {dtype} | {ref['time_s'] * 1e3:.0f} | "
+            f"{ours['time_ratio']:.3f}x | {ours['peak_ratio']:.3f}x | {max(heads):.3f}x | "
+            + " | ".join(peers)
+            + f" | {'-' if share is None else format(share, '.1e')} |"
+        )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="+")
     parser.add_argument("--impls", nargs="*", default=[])
+    parser.add_argument("--summary", action="store_true", help="one line a case")
     args = parser.parse_args(argv)
+    if args.summary:
+        summary(args.json)
+        return
     print("| tokens | vocab | TP | logits | impl | time ms | x ref | peak MiB | x ref |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows(args.json, args.impls):
