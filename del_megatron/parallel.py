@@ -95,6 +95,17 @@ def _check_shard_sizes(maxima: torch.Tensor, shard: VocabShard) -> None:
         )
 
 
+def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -> torch.Tensor:
+    """maxima [N + 2] holds this shard's row maxima in its first N entries: MAX all-reduce them,
+    with +-local size in the last two for the shard-size check. Returns the global maxima [N]."""
+    maxima[-2] = shard.local_size
+    maxima[-1] = -shard.local_size
+    shard.all_reduce(maxima, dist.ReduceOp.MAX)
+    if check_sizes and shard.world_size > 1:
+        _check_shard_sizes(maxima, shard)
+    return maxima[:-2]
+
+
 def check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: int) -> None:
     bad = valid & ((target < 0) | (target >= full_size))
     if bool(bad.any()):
@@ -126,12 +137,7 @@ def softmax_cross_entropy_(
 
     maxima = torch.empty(work.size(0) + 2, dtype=dtype, device=work.device)
     torch.amax(work, dim=-1, out=maxima[:-2])
-    maxima[-2] = shard.local_size
-    maxima[-1] = -shard.local_size
-    shard.all_reduce(maxima, dist.ReduceOp.MAX)
-    if check_sizes and shard.world_size > 1:
-        _check_shard_sizes(maxima, shard)
-    row_max = maxima[:-2]
+    row_max = global_row_max(maxima, shard, check_sizes)
 
     work.sub_(row_max.unsqueeze(-1))
     target_logit = work.gather(-1, rows.local_target.unsqueeze(-1)).squeeze(-1)

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .parallel import TargetRows, VocabShard, _check_shard_sizes, check_labels_in_vocab
+from .parallel import TargetRows, VocabShard, check_labels_in_vocab, global_row_max
 from .vocab import NUM_DIGITS, DigitVocab
 
 # Elements of one eager chunk (8 MiB of fp32).
@@ -107,12 +107,7 @@ class RecomputeDigitCrossEntropy(torch.autograd.Function):
             part = slice(start, start + step)
             local_max[part], local_sum[part] = first_pass(logits[part])
         local_max = local_max.clone()
-        maxima[-2] = shard.local_size
-        maxima[-1] = -shard.local_size
-        shard.all_reduce(maxima, dist.ReduceOp.MAX)
-        if validate and shard.world_size > 1:
-            _check_shard_sizes(maxima, shard)
-        shift = maxima[:-2]
+        shift = global_row_max(maxima, shard, validate)
 
         # [N, 12]: sum of exp | target logit | ten raw digit logits, one SUM all-reduce.
         packed = torch.zeros(n, 2 + NUM_DIGITS, dtype=dtype, device=logits.device)

@@ -60,9 +60,22 @@ def _finalize(per_token: bool):
     return finalize
 
 
+def _schedule(forward_step, data, model, microbatches: int, seq: int, size: int):
+    """One training step through Megatron's schedule; its per-micro-batch reports."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=data,
+        model=[model],
+        num_microbatches=microbatches,
+        seq_length=seq,
+        micro_batch_size=size,
+    )
+
+
 def megatron_step(seed: int, microbatches: int, per_token: bool, accounting: bool):
     """(reported loss, grads) of one step through Megatron's schedule on this DP rank's share."""
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     dp, rank = dist.get_world_size(), dist.get_rank()
     model = build_gpt(1, config_kwargs={"calculate_per_token_loss": per_token})
@@ -92,14 +105,7 @@ def megatron_step(seed: int, microbatches: int, per_token: bool, accounting: boo
     dmm.register(CFG)
     try:
         with step if accounting else _nothing():
-            reports = get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=data,
-                model=[model],
-                num_microbatches=microbatches,
-                seq_length=tokens.size(1),
-                micro_batch_size=size,
-            )
+            reports = _schedule(forward_step, data, model, microbatches, tokens.size(1), size)
     finally:
         dmm.unregister()
     summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
@@ -153,7 +159,6 @@ def check_megatron_lm_glue(seed: int) -> None:
         destroy_num_microbatches_calculator,
         init_num_microbatches_calculator,
     )
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from del_megatron.megatron import accounting, lm
 
@@ -201,13 +206,8 @@ def check_megatron_lm_glue(seed: int) -> None:
             step = lm.step_accounting(CFG, args)
             try:
                 with step:
-                    reports = get_forward_backward_func()(
-                        forward_step_func=forward_step,
-                        data_iterator=data,
-                        model=[model],
-                        num_microbatches=microbatches,
-                        seq_length=tokens.size(1),
-                        micro_batch_size=size,
+                    reports = _schedule(
+                        forward_step, data, model, microbatches, tokens.size(1), size
                     )
             finally:
                 dmm.unregister()
