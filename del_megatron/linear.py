@@ -18,7 +18,7 @@ from .parallel import (
     DigitColumns,
     TargetRows,
     VocabShard,
-    check_labels_in_vocab,
+    compute_dtype,
     softmax_cross_entropy_,
     softmax_gradient_,
 )
@@ -32,10 +32,10 @@ def default_chunk_rows(local_vocab: int) -> int:
     return max(1, DEFAULT_CHUNK_BYTES // (4 * local_vocab))
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, compute_dtype) -> torch.Tensor:
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[c, h] x [V/tp, h] -> [c, V/tp] in compute dtype, rounded through the input dtype as the
     materialised output layer would give them."""
-    return torch.matmul(hidden, weight.t()).to(compute_dtype)
+    return torch.matmul(hidden, weight.t()).to(dtype)
 
 
 class LinearDigitCrossEntropy(torch.autograd.Function):
@@ -53,20 +53,18 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         chunk_rows: int,
         validate: bool,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        compute_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(hidden)
         n = hidden.size(0)
-        rows = TargetRows.of(target, shard, ignore_index)
-        if validate:
-            check_labels_in_vocab(target, rows.valid, shard.full_size)
+        rows = TargetRows.of(target, shard, ignore_index, validate)
         digits = DigitColumns.of(vocab, shard, hidden.device)
-        ce = torch.empty(n, dtype=compute_dtype, device=hidden.device)
-        digit_logits = torch.empty(n, NUM_DIGITS, dtype=compute_dtype, device=hidden.device)
+        ce = torch.empty(n, dtype=dtype, device=hidden.device)
+        digit_logits = torch.empty(n, NUM_DIGITS, dtype=dtype, device=hidden.device)
         # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
-        shift = torch.empty(n, dtype=compute_dtype, device=hidden.device)
+        shift = torch.empty(n, dtype=dtype, device=hidden.device)
         log_sum_exp = torch.empty_like(shift)
         for start in range(0, n, chunk_rows):
             part = slice(start, start + chunk_rows)
-            work = _chunk_logits(hidden[part], weight, compute_dtype)
+            work = _chunk_logits(hidden[part], weight, dtype)
             ce[part], digit_logits[part], shift[part], log_sum_exp[part] = softmax_cross_entropy_(
                 work, rows.rows(part), digits, shard, check_sizes=validate and start == 0
             )
@@ -83,12 +81,12 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         )
         rows, digits = TargetRows(valid, in_shard, local_target), DigitColumns(columns, owned)
         shard, chunk_rows = ctx.shard, ctx.chunk_rows
-        compute_dtype = shift.dtype
+        dtype = shift.dtype
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
+        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
         for start in range(0, hidden.size(0), chunk_rows):
             part = slice(start, start + chunk_rows)
-            grad = _chunk_logits(hidden[part], weight, compute_dtype)
+            grad = _chunk_logits(hidden[part], weight, dtype)
             grad.sub_(shift[part].unsqueeze(-1)).sub_(log_sum_exp[part].unsqueeze(-1)).exp_()
             softmax_gradient_(
                 grad,

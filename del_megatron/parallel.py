@@ -73,13 +73,23 @@ class TargetRows(NamedTuple):
     local_target: torch.Tensor
 
     @classmethod
-    def of(cls, target: torch.Tensor, shard: VocabShard, ignore_index: int) -> TargetRows:
+    def of(
+        cls, target: torch.Tensor, shard: VocabShard, ignore_index: int, validate: bool
+    ) -> TargetRows:
+        """With `validate`, labels outside the whole vocab are refused (one host sync)."""
         valid = target != ignore_index
+        if validate:
+            check_labels_in_vocab(target, valid, shard.full_size)
         in_shard = valid & (target >= shard.start) & (target < shard.end)
         return cls(valid, in_shard, torch.where(in_shard, target - shard.start, 0))
 
     def rows(self, index: slice) -> TargetRows:
         return TargetRows(self.valid[index], self.in_shard[index], self.local_target[index])
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp64 for fp64 inputs (a checking dtype), fp32 for everything else."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _check_shard_sizes(maxima: torch.Tensor, shard: VocabShard) -> None:
@@ -194,14 +204,12 @@ class DigitCrossEntropy(torch.autograd.Function):
         inplace: bool,
         validate: bool,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        if logits.dtype == compute_dtype:
+        dtype = compute_dtype(logits)
+        if logits.dtype == dtype:
             work = logits if inplace else logits.clone()
         else:
-            work = logits.to(compute_dtype)
-        rows = TargetRows.of(target, shard, ignore_index)
-        if validate:
-            check_labels_in_vocab(target, rows.valid, shard.full_size)
+            work = logits.to(dtype)
+        rows = TargetRows.of(target, shard, ignore_index, validate)
         digits = DigitColumns.of(vocab, shard, logits.device)
         ce, digit_logits, _, _ = softmax_cross_entropy_(work, rows, digits, shard, validate)
 

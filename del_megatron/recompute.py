@@ -18,20 +18,16 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .parallel import TargetRows, VocabShard, check_labels_in_vocab, global_row_max
+from .parallel import TargetRows, VocabShard, compute_dtype, global_row_max
 from .vocab import NUM_DIGITS, DigitVocab
 
 # Elements of one eager chunk (8 MiB of fp32).
 EAGER_CHUNK_ELEMENTS = 2**21
 
 
-def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
-    return torch.float64 if logits.dtype == torch.float64 else torch.float32
-
-
 def max_and_sum_exp(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """[c, V/tp] -> row maxima [c] and sum_v exp(logits - maxima) [c], in the compute dtype."""
-    work = logits.to(_compute_dtype(logits), copy=True)
+    work = logits.to(compute_dtype(logits), copy=True)
     row_max = work.amax(dim=-1)
     return row_max, work.sub_(row_max.unsqueeze(-1)).exp_().sum(dim=-1)
 
@@ -93,11 +89,9 @@ class RecomputeDigitCrossEntropy(torch.autograd.Function):
         inplace: bool,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         first_pass, _ = kernels(compiled)
-        dtype = _compute_dtype(logits)
+        dtype = compute_dtype(logits)
         n = logits.size(0)
-        rows = TargetRows.of(target, shard, ignore_index)
-        if validate:
-            check_labels_in_vocab(target, rows.valid, shard.full_size)
+        rows = TargetRows.of(target, shard, ignore_index, validate)
         positions, columns = _owned_digits(vocab, shard)
 
         maxima = torch.empty(n + 2, dtype=dtype, device=logits.device)  # + the +-size check
