@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import del_megatron as dm
-from del_megatron.megatron import cpu
+from del_megatron import cpu
 
 VOCAB_SIZE = 128  # divisible by TP 1, 2, 4
 SEQ = 24

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import del_megatron as dm
 from del_megatron import megatron as dmm
-from del_megatron.megatron import cpu
+from del_megatron import cpu
 
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import del_megatron as dm
 
 from .. import megatron as dmm
-from ..megatron import cpu
+from .. import cpu
 from .data import build_train_dataset, load_eval, tokenizer_path
 from .text_tokenizer import TextTokenizer
 

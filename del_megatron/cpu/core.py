@@ -1,4 +1,4 @@
-"""Run Megatron-Core models on CPU (gloo): a small shim, for tests, demos and CI.
+"""Megatron-Core on CPU (gloo): the model-level shim, for tests, the demo and CI.
 
 Megatron-Core assumes CUDA in a few places that a CPU run reaches: `torch.cuda.current_device()`
 (RoPE, attention scratch buffers), the model-parallel RNG tracker (CUDA generator states), the
