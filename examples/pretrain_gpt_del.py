@@ -6,9 +6,11 @@ the extra flags:
     torchrun ... examples/pretrain_gpt_del.py <usual pretrain_gpt.py flags> \
         --numerical-loss del --del-alpha 0.01 [--del-reduction token|digit]
 
-Digit ids come from the run's tokenizer unless --del-digit-token-ids is given. Works with both of
-Megatron-LM's argument APIs: `pretrain(extra_args_provider=...)` (core <= 0.17) and
-`parse_and_validate_args(...)` + `pretrain(full_config, ...)` (core >= 0.18).
+Digit ids come from the run's tokenizer unless --del-digit-token-ids is given. Works with
+Megatron-LM's argument APIs: `pretrain(extra_args_provider=...)` (core <= 0.17),
+`parse_and_validate_args(...)` + `pretrain(full_config, model_provider, ...)` (core 0.18) and
+`pretrain(full_config)` with a model config instead of a provider (core 0.19). Tested against
+Megatron-LM core_v0.16.1, core_v0.18.0 and core_v0.19.0 (tests/e2e).
 """
 
 import os
@@ -21,23 +23,22 @@ import pretrain_gpt  # noqa: E402  (Megatron-LM's own script, as a module: its m
 from megatron.core.enums import ModelType  # noqa: E402
 from megatron.training import arguments, get_args, get_tokenizer, pretrain  # noqa: E402
 
-from del_megatron.megatron import add_arguments, chain_extra_args  # noqa: E402
-from del_megatron.megatron.lm import install, register_from_args, wrap_model_provider  # noqa: E402
+from del_megatron.megatron import lm  # noqa: E402
 
 
 def main() -> None:
-    install(pretrain_gpt)
-    extra = chain_extra_args(
+    lm.install(pretrain_gpt)  # loss_func: telemetry, digit reduction; forward_step: counting
+    extra = lm.chain_extra_args(
         getattr(pretrain_gpt, "add_modelopt_args", None)
         if getattr(pretrain_gpt, "has_nvidia_modelopt", False)
         else None,
-        add_arguments,
+        lm.add_arguments,
     )
     builder = getattr(pretrain_gpt, "gpt_builder", None)
     base_provider = pretrain_gpt.model_provider
     if builder is not None:
         base_provider = partial(base_provider, builder)
-    model_provider = wrap_model_provider(base_provider, get_args, get_tokenizer)
+    model_provider = lm.wrap_model_provider(base_provider, get_args, get_tokenizer)
     datasets = pretrain_gpt.train_valid_test_datasets_provider
     datasets.is_distributed = True
     common = dict(get_embedding_ranks=getattr(pretrain_gpt, "get_embedding_ranks", None))
@@ -52,7 +53,7 @@ def main() -> None:
         )
         # Settle the loss now, from the tokenizer the run will build: a tokenizer without
         # single-digit tokens stops here, before any training.
-        register_from_args(args, pretrain_gpt.build_tokenizer(args))
+        lm.register_from_args(args, pretrain_gpt.build_tokenizer(args))
         if hasattr(pretrain_gpt, "gpt_config_from_args"):  # core >= 0.19: no model provider
             full_config = pretrain_cfg_container_from_args(
                 args, pretrain_gpt.gpt_config_from_args(args)

@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) the pinned CPU environment in .venv/ at the repository root.
+# Creates (or refreshes) a pinned CPU environment at the repository root.
+#   bash examples/setup_env.sh          .venv     Python 3.11, torch 2.13.0 (CPU build), megatron-core 0.16.1
+#   bash examples/setup_env.sh py312    .venv312  Python 3.12, torch 2.14.1 (CUDA build, runs on CPU),
+#                                                 megatron-core 0.19.2
+# Pins: tests/requirements-cpu.txt and tests/requirements-py312.txt.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-python=${PYTHON:-python3.11}
-if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
+case "${1:-py311}" in
+  py311) version=3.11 venv=.venv requirements=tests/requirements-cpu.txt ;;
+  py312) version=3.12 venv=.venv312 requirements=tests/requirements-py312.txt ;;
+  *) echo "usage: $0 [py311|py312]" >&2; exit 2 ;;
+esac
+
+find_python() {  # python$1 on PATH, else a pyenv install of it
+  local candidate
+  for candidate in "python$1" "$(pyenv root 2>/dev/null)"/versions/"$1".*/bin/"python$1" \
+      /root/.pyenv/versions/"$1".*/bin/"python$1" /usr/local/bin/"python$1" /usr/bin/"python$1"; do
+    if "$candidate" -c 'import venv' >/dev/null 2>&1; then
+      command -v "$candidate" || echo "$candidate"
+      return
+    fi
+  done
+  echo "Python $1 not found (looked on PATH and in pyenv's versions): install it, or set PYTHON" >&2
+  exit 1
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+  "${PYTHON:-$(find_python "$version")}" -m venv "$venv"
 fi
-stamp=.venv/.del-megatron-installed
-if [ ! -f "$stamp" ] || [ tests/requirements-cpu.txt -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
-  # torch first and exactly pinned, so nothing after it can pull a CUDA build.
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements-cpu.txt
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+stamp=$venv/.del-megatron-installed
+if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+  pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+  # torch first and exactly pinned, so nothing after it can pull another build.
+  "${pip[@]}" "$(grep -E '^torch==' "$requirements")"
+  "${pip[@]}" -r "$requirements"
+  "${pip[@]}" --no-deps -e .
   touch "$stamp"
 fi
 # The test suite lints the shell scripts with Debian's shellcheck.

@@ -189,7 +189,7 @@ def check_megatron_lm_glue(seed: int) -> None:
             data = iter(batches) if ps.get_tensor_model_parallel_rank() == 0 else None
 
             def forward_step(data_iterator, model):
-                data_iterator = lm.counted(data_iterator)
+                data_iterator = lm.counted(data_iterator, model)
                 batch = next(data_iterator) if data_iterator is not None else None
                 shape = (size, tokens.size(1))
                 received = [torch.empty(shape, dtype=torch.long) for _ in range(2)]
@@ -202,16 +202,14 @@ def check_megatron_lm_glue(seed: int) -> None:
                 return output, partial(dmm.numerical_loss_func, mask)
 
             args = types.SimpleNamespace(numerical_loss="del", calculate_per_token_loss=per_token)
-            dmm.register(CFG)
-            step = lm.step_accounting(CFG, args)
+            # As Megatron-LM's registration does: the step accounting is made on first use.
+            dmm.register(CFG, step_accounting=partial(lm.step_accounting, CFG, args))
             try:
-                with step:
-                    reports = _schedule(
-                        forward_step, data, model, microbatches, tokens.size(1), size
-                    )
+                assert accounting.active() is None
+                reports = _schedule(forward_step, data, model, microbatches, tokens.size(1), size)
+                assert accounting.active() is not None
             finally:
                 dmm.unregister()
-                lm._counted.clear()
             assert accounting.active() is None
             summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
             what = f"tp rank {rank} per_token_loss {per_token}"

@@ -32,8 +32,13 @@ def test_telemetry_and_reduction_by_hand(reduction):
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction)
     pieces = loss_pieces(labels, logits, dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB))
     output = pieces.ce + 0.2 * pieces.term
-    telemetry.record(output, pieces, cfg)
-    loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
+    dmm.register(cfg)
+    try:
+        telemetry.record(output, pieces, cfg)
+        loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
+    finally:
+        dmm.unregister()
+    assert telemetry.find(output) is None  # unregister() forgets the records
 
     # By hand: "31" is one number (tens, units: w = 4, 2); 'x' is not a digit; '7' is masked.
     ce, term = reference_lm_loss(labels, logits, VOCAB, loss="del")
@@ -52,7 +57,26 @@ def test_telemetry_and_reduction_by_hand(reduction):
         expected = 3 * (ce_sum / 3 + 0.2 * term_sum / 2)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert report["lm loss"].tolist() == pytest.approx([expected.item(), 3.0], rel=1e-6)
-    telemetry.clear()
+
+
+def test_digit_free_micro_batches_report_zero_not_nan():
+    """Megatron-LM divides each entry's sum by its count: a micro-batch (or step) without digit
+    targets must give 0, and a count >= 1 must stay exact in float32."""
+    labels = torch.tensor([[12, 13, 12]])
+    logits = torch.zeros(3, 1, 16)
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB)
+    pieces = loss_pieces(labels, logits, cfg)
+    output = pieces.ce + 0.2 * pieces.term
+    dmm.register(cfg)
+    try:
+        telemetry.record(output, pieces, cfg)
+        _, _, report = dmm.numerical_loss_func(torch.ones(1, 3), output)
+    finally:
+        dmm.unregister()
+    for key in ("del term", "digit acc", "digit tokens", "digit share"):
+        total, count = report[key].tolist()
+        assert total / count == pytest.approx(0.0, abs=1e-19) and total / count >= 0, key
+    assert report["digit share"][1].item() == 3.0  # 3 + COUNT_EPS is 3 in float32
 
 
 def test_loss_func_passes_through_outputs_it_did_not_make():
@@ -104,8 +128,11 @@ def test_flags_refuse_what_cannot_work():
     with pytest.raises(SystemExit):
         parse(["--del-digit-token-ids", "1", "2"])
     args = parse(["--numerical-loss", "del"])
-    with pytest.raises(ValueError, match="needs digit token ids"):
+    with pytest.raises(ValueError, match="no tokenizer to read them from: pass --del-digit"):
         dmm.config_from_args(args)
+    args.tokenizer_type = "NullTokenizer"
+    with pytest.raises(ValueError, match="the NullTokenizer has no text .* --del-digit-token-ids"):
+        dmm.config_from_args(args, tokenizer=object())
     args = parse("--numerical-loss del --del-digit-token-ids 0 1 2 3 4 5 6 7 8 99".split())
     args.padded_vocab_size = 64
     with pytest.raises(ValueError, match=r"ids \[99\] lie outside"):

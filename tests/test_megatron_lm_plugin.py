@@ -54,27 +54,50 @@ def test_wrapped_model_provider():
     run_distributed(check_wrapped_model_provider, 1, megatron_tp=1)
 
 
-def test_install_wraps_loss_func_once():
+def test_install_wraps_loss_func_and_forward_step_once():
     calls = []
 
     def loss_func(loss_mask, output_tensor, model=None):
         calls.append(output_tensor)
         return output_tensor.sum(), loss_mask.sum(), {"lm loss": torch.zeros(2)}
 
-    def get_batch(data_iterator, vp_stage=None):
-        return next(data_iterator)
+    def forward_step(data_iterator, model, return_schedule_plan=False):
+        return next(data_iterator), model
 
-    module = types.SimpleNamespace(loss_func=loss_func, get_batch=get_batch)
+    module = types.SimpleNamespace(loss_func=loss_func, forward_step=forward_step)
     lm.install(module)
-    first, first_get_batch = module.loss_func, module.get_batch
+    first, first_forward_step = module.loss_func, module.forward_step
     lm.install(module)
     assert module.loss_func is first and first is not loss_func
-    assert module.get_batch is first_get_batch and first_get_batch is not get_batch
+    assert module.forward_step is first_forward_step and first_forward_step is not forward_step
     out = torch.ones(1, 2)
     assert first(torch.ones(1, 2), out)[0].item() == 2 and calls == [out]
-    # Without a "digit" reduction the iterator passes through untouched.
-    assert module.get_batch(iter([7]), vp_stage=None) == 7
-    telemetry.clear()
+    # Without a step-wide "digit" reduction the iterator passes through untouched.
+    assert module.forward_step(iter([7]), "model") == (7, "model")
+
+
+def test_counted_makes_the_step_accounting_on_the_first_step_only():
+    made = []
+
+    class Counting:
+        def wrap(self, iterator):
+            return (("counted", x) for x in iterator)
+
+    def make_accounting(model):
+        made.append(model)
+        return Counting()
+
+    cfg = dm.NumericalLossConfig(loss="del", vocab=dm.DigitVocab(range(10)), reduction="digit")
+    dmm.register(cfg, step_accounting=make_accounting)
+    try:
+        assert lm.counted(None, "model") is None and made == ["model"]  # rank without data
+        data = iter([1, 2])
+        counted = lm.counted(data, "model")
+        assert lm.counted(data, "model") is counted and made == ["model"]
+        assert list(counted) == [("counted", 1), ("counted", 2)]
+    finally:
+        dmm.unregister()
+    assert lm.counted(data, "model") is data  # nothing left behind
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
@@ -91,13 +114,15 @@ def test_patches_are_well_formed_and_use_only_the_public_plugin_api(patch):
         old = sum(1 for ln in lines if ln[:1] in (" ", "-"))
         new = sum(1 for ln in lines if ln[:1] in (" ", "+"))
         assert (old, new) == (int(old_n), int(new_n)), patch.name
-    # what the patch imports from del_megatron exists
-    imports = re.findall(r"^\+from (del_megatron[\w.]*) import (\w+)", text, flags=re.M)
-    assert imports
-    for module, name in imports:
-        assert hasattr(__import__(module, fromlist=[name]), name), (module, name)
-    assert "del_add_arguments" in text and "del_make_loss_func(loss_func)" in text
-    assert "data_iterator = del_counted(data_iterator)" in text
+    # the patch imports one module of ours and uses only names it exports
+    assert re.findall(r"^\+from del_megatron\S* import .*$", text, flags=re.M) == [
+        "+from del_megatron.megatron import lm as del_lm"
+    ]
+    for name in set(re.findall(r"del_lm\.(\w+)", text)):
+        assert name in lm.__all__, name
+    assert "loss_func = del_lm.make_loss_func(loss_func)" in text
+    assert "data_iterator = del_lm.counted(data_iterator, model)" in text
+    assert "del_lm.help_with_flags(extra_args_provider)" in text
 
 
 def test_loss_func_wrapper_signature_matches_megatron_lm():

@@ -24,8 +24,7 @@ import torch.distributed as dist
 
 from ..numbers import number_layout
 from ..vocab import DigitVocab
-
-_active: List[DigitAccounting] = []
+from . import state
 
 
 def _dict_labels_and_mask(batch: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -71,6 +70,7 @@ class DigitAccounting:
         self._ranks, self.share_group, self.share_src = ranks, share_group, share_src
         self.n_tokens: Optional[torch.Tensor] = None
         self.n_digits: Optional[torch.Tensor] = None
+        self._outer: Optional[DigitAccounting] = None
 
     @property
     def num_microbatches(self) -> int:
@@ -140,13 +140,21 @@ class DigitAccounting:
         return self.num_microbatches * self.ranks * microbatch_tokens.double().cpu() / n_digits
 
     def __enter__(self) -> DigitAccounting:
-        _active.append(self)
+        """Make this the current registration's step accounting (register() first)."""
+        registration = state.current()
+        if registration is None:
+            raise RuntimeError("register() the numerical loss before entering its accounting")
+        self._outer = registration.accounting
+        registration.accounting = self
         return self
 
     def __exit__(self, *exc) -> None:
-        _active.remove(self)
+        registration = state.current()
+        if registration is not None and registration.accounting is self:
+            registration.accounting = self._outer
 
 
 def active() -> Optional[DigitAccounting]:
-    """The DigitAccounting of the innermost `with accounting:` block, if any."""
-    return _active[-1] if _active else None
+    """The current registration's step accounting, if it has one (yet)."""
+    registration = state.current()
+    return registration.accounting if registration is not None else None

@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--del-reduction",
         choices=REDUCTIONS,
         default="token",
-        help="'token': each token carries CE + alpha*term (exact across micro-batches); "
-        "'digit': the term is averaged over digit targets per micro-batch",
+        help="'token': each token carries CE + alpha*term (exact across micro-batches and "
+        "ranks); 'digit': the term is averaged over the digit targets of the whole step (all "
+        "micro-batches, all data-parallel ranks)",
     )
     group.add_argument(
         "--del-digit-token-ids",
@@ -69,10 +70,12 @@ def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
         return None
     if args.del_digit_token_ids is not None:
         return DigitVocab(args.del_digit_token_ids, args.del_decimal_point_token_ids or ())
-    if tokenizer is None:
+    if tokenizer is None or getattr(args, "tokenizer_type", None) == "NullTokenizer":
+        source = "the NullTokenizer has no text" if tokenizer is not None else "no tokenizer"
         raise ValueError(
-            f"--numerical-loss {args.numerical_loss} needs digit token ids: give "
-            "--del-digit-token-ids (and --del-decimal-point-token-ids), or a tokenizer"
+            f"--numerical-loss {args.numerical_loss} needs the ids of the digit tokens, and "
+            f"{source} to read them from: pass --del-digit-token-ids with the ten ids of "
+            "'0'..'9' (and --del-decimal-point-token-ids for '.')"
         )
     vocab = DigitVocab.from_tokenizer(tokenizer, args.del_allow_multi_digit_tokens)
     if args.del_decimal_point_token_ids is not None:

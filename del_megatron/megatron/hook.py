@@ -3,29 +3,37 @@
 GPTModel, its MTP head and hybrid models all compute their loss with that method (same signature
 from core 0.13 to main), so replacing it on the base class covers them, even in modules that
 imported GPTModel before register() ran. The hook passes Megatron's context-parallel group, and
-GPTModel.forward is wrapped so that the hook sees the packed_seq_params (THD cu_seqlens) of the
-call in progress.
+the forward of every LanguageModule class that takes packed_seq_params (GPTModel, MambaModel,
+HybridModel, ...) is wrapped so that the hook sees the THD cu_seqlens of the call in progress.
+register() sets up everything the glue keeps (state.Registration); unregister() undoes it.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import inspect
-import logging
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig, loss_pieces
 from ..vocab import DigitVocab
-from . import telemetry
+from . import state, telemetry
+from .state import Registration
 
-logger = logging.getLogger("del_megatron")
-
-_MARKER = "_del_megatron_original"
+_MARKER = "_del_megatron_original"  # on LanguageModule: the original loss method
+_FORWARD_MARKER = "_del_megatron_forward"  # on a model class: its original forward
+# Model modules imported at register() so that their forwards get wrapped (best effort: some
+# need optional packages).
+MODEL_MODULES = (
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.models.mamba.mamba_model",
+    "megatron.core.models.hybrid.hybrid_model",
+)
 FUSION_IMPLS_REPLACED = ("native", "te")
 
 # Names of the TransformerConfig (or GPTModelProvider) fields that carry the settings when
@@ -35,8 +43,6 @@ FIELD_ALPHA = "del_alpha"
 FIELD_REDUCTION = "del_reduction"
 FIELD_DIGITS = "del_digit_token_ids"
 FIELD_POINTS = "del_decimal_point_token_ids"
-
-_state = {"cfg": None, "logged_fusion": False}
 
 
 def _language_module():
@@ -86,13 +92,12 @@ def check_model_config(config) -> None:
             f"numerical loss there; use one of {FUSION_IMPLS_REPLACED} (del_megatron replaces "
             "them with its own fused primitive) or set cross_entropy_loss_fusion=False"
         )
-    if not _state["logged_fusion"]:
-        logger.warning(
-            "del_megatron: cross_entropy_loss_fusion (impl %r) is replaced by del_megatron's "
-            "vocab-parallel CE+digit primitive, which makes the same passes over the logits",
-            impl,
-        )
-        _state["logged_fusion"] = True
+    state.log_once(
+        "fusion",
+        "cross_entropy_loss_fusion (impl %r) is replaced by del_megatron's vocab-parallel "
+        "CE+digit primitive, which makes the same passes over the logits",
+        impl,
+    )
 
 
 def _tp_group(module, logits: torch.Tensor):
@@ -132,24 +137,30 @@ def _cp_group(module):
     return group
 
 
-# The PackedSeqParams of the GPTModel.forward in progress (set by _capture_packed_seq_params).
+# The PackedSeqParams of the LanguageModule.forward in progress (set by _capture_packed_seq_params).
+_NOT_CAPTURED = object()  # no wrapped forward is in progress
 _packed_seq_params: contextvars.ContextVar = contextvars.ContextVar(
-    "del_megatron_packed_seq_params", default=None
+    "del_megatron_packed_seq_params", default=_NOT_CAPTURED
 )
 
 
 def _cu_seqlens() -> Optional[torch.Tensor]:
     """Document offsets of a packed (THD) batch in the whole sequence, else None."""
     params = _packed_seq_params.get()
-    if params is None or getattr(params, "qkv_format", None) != "thd":
+    if params is None or params is _NOT_CAPTURED or getattr(params, "qkv_format", None) != "thd":
         return None
     padded = getattr(params, "cu_seqlens_q_padded", None)
     return padded if padded is not None else params.cu_seqlens_q
 
 
-def _capture_packed_seq_params(forward):
-    """GPTModel.forward that makes its packed_seq_params (keyword or positional) visible to the
-    loss hook for the duration of the call."""
+@functools.cache
+def _takes_packed_seq_params(forward: Callable) -> bool:
+    return "packed_seq_params" in inspect.signature(forward).parameters
+
+
+def _capture_packed_seq_params(forward: Callable) -> Callable:
+    """A LanguageModule forward that makes its packed_seq_params (keyword or positional)
+    visible to the loss hook for the duration of the call."""
     signature = inspect.signature(forward)
 
     @functools.wraps(forward)
@@ -167,26 +178,74 @@ def _capture_packed_seq_params(forward):
     return wrapped
 
 
-def _gpt_model():
-    from megatron.core.models.gpt import GPTModel
+def _forward_owner(cls: type) -> Optional[type]:
+    """The class in cls's MRO that defines the forward its instances run."""
+    return next((c for c in cls.__mro__ if "forward" in vars(c)), None)
 
-    return GPTModel
+
+def _language_model_classes() -> list:
+    """LanguageModule and its subclasses defined so far (known model modules imported first)."""
+    for name in MODEL_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # e.g. the hybrid/Mamba models without mamba_ssm
+            pass
+    found, todo = [], [_language_module()]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def _wrap_forwards() -> None:
+    for cls in _language_model_classes():
+        forward = vars(cls).get("forward")
+        if forward is None or _FORWARD_MARKER in vars(cls):
+            continue
+        if _takes_packed_seq_params(forward):
+            setattr(cls, _FORWARD_MARKER, forward)
+            cls.forward = _capture_packed_seq_params(forward)
+
+
+def _unwrap_forwards() -> None:
+    for cls in _language_model_classes():
+        if _FORWARD_MARKER in vars(cls):
+            cls.forward = vars(cls)[_FORWARD_MARKER]
+            delattr(cls, _FORWARD_MARKER)
+
+
+def _check_packed_capture(module) -> None:
+    """Refuse to compute the loss of a model whose forward takes packed_seq_params when no
+    wrapped forward is in progress (its class was defined after register()): its packed
+    documents would silently run into each other."""
+    if _packed_seq_params.get() is not _NOT_CAPTURED:
+        return
+    owner = _forward_owner(type(module))
+    if owner is not None and _takes_packed_seq_params(vars(owner)["forward"]):
+        raise RuntimeError(
+            f"{owner.__qualname__}.forward takes packed_seq_params but was defined after "
+            "del_megatron.megatron.register() ran, so packed (THD) document boundaries would not "
+            "reach the numerical loss; call register() after importing the model class"
+        )
 
 
 def _resolve_cfg(module) -> Optional[NumericalLossConfig]:
-    cfg = _state["cfg"]
+    registration = state.current()
+    cfg = registration.cfg if registration is not None else None
     if cfg is None:
         cfg = cfg_from_model_config(module.config)
     return cfg
 
 
 def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """[b, s] per-token loss: CE + alpha * numerical term (spec/DEL.md "token" form)."""
+    """[b, s] per-token loss: CE + alpha * numerical term (docs/DEL.md "token" form)."""
     cfg = _resolve_cfg(self)
     original = getattr(_language_module(), _MARKER)
     if cfg is None:
         return original(self, labels, logits)
     check_model_config(self.config)
+    _check_packed_capture(self)
     if cfg.vocab is None and cfg.loss != "ce":
         raise ValueError(
             f"numerical loss {cfg.loss!r} has no digit ids: set {FIELD_DIGITS} on the model "
@@ -207,11 +266,18 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
     return loss
 
 
-def register(cfg: Optional[NumericalLossConfig] = None) -> None:
-    """Route every LanguageModule's loss through del_megatron. Idempotent.
+def register(
+    cfg: Optional[NumericalLossConfig] = None,
+    *,
+    step_accounting: Optional[Callable[[Any], Any]] = None,
+) -> None:
+    """Route every LanguageModule's loss through del_megatron. Calling it again replaces the
+    settings (and forgets what the previous registration kept).
 
     cfg=None reads the settings from each model's config fields (numerical_loss, del_alpha, ...);
-    a model whose config names no loss keeps Megatron's own loss.
+    a model whose config names no loss keeps Megatron's own loss. step_accounting: model ->
+    DigitAccounting, called on the first training step (lm.counted) for a step-wide "digit"
+    reduction; the process groups it needs exist by then.
     """
     if cfg is not None and not isinstance(cfg, NumericalLossConfig):
         raise TypeError(f"cfg must be a NumericalLossConfig or None, got {type(cfg).__name__}")
@@ -219,25 +285,29 @@ def register(cfg: Optional[NumericalLossConfig] = None) -> None:
     if not hasattr(module, _MARKER):
         setattr(module, _MARKER, module.compute_language_model_loss)
         module.compute_language_model_loss = _compute_language_model_loss
-    gpt = _gpt_model()
-    if _MARKER not in vars(gpt):
-        setattr(gpt, _MARKER, gpt.forward)
-        gpt.forward = _capture_packed_seq_params(gpt.forward)
-    _state["cfg"] = cfg
+    _wrap_forwards()
+    state.begin(Registration(cfg=cfg, make_accounting=step_accounting))
+    if cfg is not None and cfg.loss != "ce":
+        state.log_once(
+            "settings",
+            "del_megatron: %s (alpha %s, %s reduction) on digit ids %s, decimal points %s",
+            cfg.loss,
+            cfg.alpha,
+            cfg.reduction,
+            list(cfg.vocab.digit_ids) if cfg.vocab else None,
+            list(cfg.vocab.decimal_point_ids) if cfg.vocab else None,
+        )
 
 
 def unregister() -> None:
-    """Restore Megatron's own compute_language_model_loss exactly. Idempotent."""
+    """Restore Megatron's own loss and forwards exactly and drop what register() kept.
+    Idempotent."""
     module = _language_module()
     if hasattr(module, _MARKER):
         module.compute_language_model_loss = getattr(module, _MARKER)
         delattr(module, _MARKER)
-    gpt = _gpt_model()
-    if _MARKER in vars(gpt):
-        gpt.forward = vars(gpt)[_MARKER]
-        delattr(gpt, _MARKER)
-    _state["cfg"] = None
-    telemetry.clear()
+    _unwrap_forwards()
+    state.end()
 
 
 def is_registered() -> bool:

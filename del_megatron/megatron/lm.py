@@ -1,80 +1,114 @@
-"""Plug del_megatron into Megatron-LM's pretrain_gpt.py without editing it.
+"""Plug del_megatron into Megatron-LM's pretrain_gpt.py (the patches and the drop-in script).
 
-`install(pretrain_gpt)` wraps the module's loss_func (telemetry, "digit" reduction) and its
-get_batch (the "digit" reduction's step accounting); `wrap_model_provider` returns
-a model-provider wrapper that, once Megatron has built the tokenizer, turns the parsed flags into
-a NumericalLossConfig (stopping the run before training if the tokenizer has no single-digit
-tokens), registers the loss hook and records the settings on the model config.
+- `register_from_args(args, tokenizer)`: the parsed flags and the run's tokenizer -> the loss,
+  registered before training starts (a tokenizer without single-digit tokens stops the run
+  there). With --del-reduction digit it also registers how to make the step accounting, which
+  happens on the first training step, once the process groups exist.
+- `counted(data_iterator, model)`: forward_step's iterator, counted a step at a time for the
+  step-wide "digit" reduction (unchanged otherwise).
+- `wrap_model_provider` (core <= 0.17's pretrain(extra_args_provider=...)): registers from the
+  flags once Megatron has built the tokenizer, and records the settings on the model config.
+- `install(pretrain_gpt)` (the drop-in): wraps the module's loss_func and forward_step.
+- `help_with_flags(extra)`: `--help` lists the DEL flags (inprocess_restart parses first).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-from typing import Callable, Optional
+import sys
+from typing import Any, Callable, Iterator, Optional
+
+import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
-from . import accounting
+from . import state
 from .accounting import DigitAccounting
-from .args import config_from_args, set_config_fields
+from .args import add_arguments, chain_extra_args, config_from_args, set_config_fields
 from .hook import check_model_config, register
 from .telemetry import make_loss_func
 
-logger = logging.getLogger("del_megatron")
+# What the patched pretrain_gpt.py uses (one import: `from del_megatron.megatron import lm`).
+__all__ = [
+    "add_arguments",
+    "chain_extra_args",
+    "counted",
+    "help_with_flags",
+    "install",
+    "make_loss_func",
+    "register_from_args",
+    "step_accounting",
+    "wrap_model_provider",
+]
 
 
-def step_accounting(cfg: NumericalLossConfig, args) -> DigitAccounting:
-    """The "digit" reduction over Megatron-LM's whole step: its data iterators yield whole
+def _unwrapped(model: Any) -> Any:
+    """The model inside DDP / Float16Module / a virtual-pipeline list."""
+    if isinstance(model, (list, tuple)):
+        model = model[0]
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> DigitAccounting:
+    """The "digit" reduction over Megatron-LM's whole step. Its data iterators yield whole
     sequences on tensor-parallel rank 0 of each DP rank (CP slices them later), so counts are
-    summed over the DP group, and the other tensor-parallel ranks receive them by broadcast."""
-    from megatron.core import parallel_state as ps
+    summed over the DP group, and the other tensor-parallel ranks receive them by broadcast.
+    The groups are the model's pg_collection (decentralized process groups) when it has one,
+    else Megatron's parallel_state."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
+    groups = getattr(_unwrapped(model), "pg_collection", None) if model is not None else None
+    if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp", "tp")):
+        dp, dp_cp, tp = groups.dp, groups.dp_cp, groups.tp
+    else:
+        from megatron.core import parallel_state as ps
+
+        dp = ps.get_data_parallel_group()
+        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
+        tp = ps.get_tensor_model_parallel_group()
     return DigitAccounting(
         cfg.vocab,
         get_num_microbatches,
-        group=ps.get_data_parallel_group(),
+        group=dp,
         per_token_loss=bool(getattr(args, "calculate_per_token_loss", False)),
         ignore_index=cfg.ignore_index,
-        ranks=ps.get_data_parallel_world_size(with_context_parallel=True),
-        share_group=ps.get_tensor_model_parallel_group(),
-        share_src=ps.get_tensor_model_parallel_src_rank(),
+        ranks=dist.get_world_size(dp_cp),
+        share_group=tp,
+        share_src=dist.get_global_rank(tp, 0),
     )
 
 
-_counted: dict = {}
-
-
-def counted(data_iterator):
-    """forward_step's data iterator, counted a step at a time when a "digit" reduction is
-    active (the same wrapper for every micro-batch of one iterator); unchanged otherwise."""
-    step = accounting.active()
-    if step is None or data_iterator is None:
+def counted(data_iterator: Optional[Iterator], model: Any = None) -> Optional[Iterator]:
+    """forward_step's data iterator, counted a step at a time when a step-wide "digit"
+    reduction is registered (one wrapper per iterator, for every micro-batch of the step);
+    unchanged otherwise. The first call makes the step accounting (all ranks, with or without
+    an iterator: tensor-parallel ranks without data receive the counts)."""
+    registration = state.current()
+    if registration is None:
+        return data_iterator
+    if registration.accounting is None and registration.make_accounting is not None:
+        registration.accounting = registration.make_accounting(model)
+    if registration.accounting is None or data_iterator is None:
         return data_iterator
     key = id(data_iterator)
-    if key not in _counted or _counted[key][0] is not data_iterator:
-        _counted[key] = (data_iterator, step.wrap(data_iterator))
-    return _counted[key][1]
+    known = registration.counted.get(key)
+    if known is None or known[0] is not data_iterator:
+        known = (data_iterator, registration.accounting.wrap(data_iterator))
+        registration.counted[key] = known
+    return known[1]
 
 
-def register_from_args(args, tokenizer) -> Optional[NumericalLossConfig]:
+def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfig]:
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
-    (None and nothing registered for --numerical-loss ce). With --del-reduction digit, also
-    activate the step accounting that forward_step's `counted(data_iterator)` feeds."""
+    (None, and nothing registered, for --numerical-loss ce)."""
     if args.numerical_loss == "ce":
         return None
     cfg = config_from_args(args, tokenizer)
-    register(cfg)
-    if cfg.reduction == "digit" and accounting.active() is None:
-        step_accounting(cfg, args).__enter__()
-    logger.warning(
-        "del_megatron: %s (alpha %s, %s reduction) on digits %s, decimal points %s",
-        cfg.loss,
-        cfg.alpha,
-        cfg.reduction,
-        list(cfg.vocab.digit_ids),
-        list(cfg.vocab.decimal_point_ids),
-    )
+    make_accounting = None
+    if cfg.reduction == "digit":
+        make_accounting = functools.partial(step_accounting, cfg, args)
+    register(cfg, step_accounting=make_accounting)
     return cfg
 
 
@@ -84,7 +118,10 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
 
     @functools.wraps(model_provider)
     def provider(*args, **kwargs):
-        cfg = register_from_args(get_args(), get_tokenizer())
+        registration = state.current()
+        cfg = registration.cfg if registration is not None else None
+        if cfg is None:  # once per run (virtual pipeline stages call the provider per chunk)
+            cfg = register_from_args(get_args(), get_tokenizer())
         model = model_provider(*args, **kwargs)
         if cfg is not None:
             check_model_config(model.config)
@@ -94,21 +131,29 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
     return provider
 
 
-def install(pretrain_gpt) -> None:
+def install(pretrain_gpt: Any) -> None:
     """Wrap `pretrain_gpt.loss_func` in place (forward_step looks it up there) and
-    `pretrain_gpt.get_batch` so that its data iterator is counted. Idempotent."""
+    `pretrain_gpt.forward_step` so that its data iterator is counted. Idempotent."""
     if not getattr(pretrain_gpt.loss_func, "_del_megatron", False):
         wrapped = make_loss_func(pretrain_gpt.loss_func)
         wrapped._del_megatron = True
         pretrain_gpt.loss_func = wrapped
-    if hasattr(pretrain_gpt, "get_batch") and not getattr(
-        pretrain_gpt.get_batch, "_del_megatron", False
-    ):
-        get_batch = pretrain_gpt.get_batch
+    if not getattr(pretrain_gpt.forward_step, "_del_megatron", False):
+        forward_step = pretrain_gpt.forward_step
 
-        @functools.wraps(get_batch)
-        def counted_get_batch(data_iterator, *args, **kwargs):
-            return get_batch(counted(data_iterator), *args, **kwargs)
+        @functools.wraps(forward_step)
+        def counted_forward_step(data_iterator, model, *args, **kwargs):
+            return forward_step(counted(data_iterator, model), model, *args, **kwargs)
 
-        counted_get_batch._del_megatron = True
-        pretrain_gpt.get_batch = counted_get_batch
+        counted_forward_step._del_megatron = True
+        pretrain_gpt.forward_step = counted_forward_step
+
+
+def help_with_flags(extra_args_provider: Callable, argv: Optional[list] = None) -> None:
+    """With -h/--help on the command line, print Megatron-LM's help including the DEL flags and
+    exit (Megatron-LM's inprocess_restart parses the arguments without them first)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        from megatron.training.arguments import parse_args
+
+        parse_args(extra_args_provider=extra_args_provider)

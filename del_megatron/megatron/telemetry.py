@@ -4,17 +4,26 @@ The loss hook records, per micro-batch, the pieces behind the [b, s] loss it ret
 loss_func wrapper (it has the loss mask) finds them by the output tensor and reports
 `[sum, count]` pairs, which Megatron-LM sums over micro-batches and data-parallel ranks and logs
 as sum / count (log, TensorBoard, W&B).
+
+Megatron-LM logs each entry as the mean over the logging interval of its per-step value
+sum / count. Counts carry a tiny COUNT_EPS, so a step without digit targets reports 0 for the
+digit entries instead of 0/0 = NaN (which would hide them for the whole interval); it is lost in
+float32 next to any count >= 1, so real steps are exact. Megatron-LM up to core 0.17 also drops
+an entry whose interval mean is exactly 0; there, an exact 0 shows as ZERO_SHOWN_AS.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import functools
 from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from ..loss import LossPieces, NumericalLossConfig
-from . import accounting
+from . import accounting, state
+
+COUNT_EPS = 1e-8
+ZERO_SHOWN_AS = 1e-20
 
 
 class _Record(NamedTuple):
@@ -23,24 +32,31 @@ class _Record(NamedTuple):
     cfg: NumericalLossConfig
 
 
-# A micro-batch's loss_func runs right after its forward (MTP calls the hook once per MTP layer
-# first), so a few entries suffice.
-_records: deque = deque(maxlen=16)
-
-
 def record(output: torch.Tensor, pieces: LossPieces, cfg: NumericalLossConfig) -> None:
-    _records.append(_Record(output, pieces, cfg))
-
-
-def clear() -> None:
-    _records.clear()
+    """Keep the pieces behind `output` for the loss function (nothing when not registered)."""
+    registration = state.current()
+    if registration is not None:
+        registration.records.append(_Record(output, pieces, cfg))
 
 
 def find(output: torch.Tensor) -> Optional[_Record]:
-    for rec in reversed(_records):
+    registration = state.current()
+    for rec in reversed(registration.records if registration is not None else ()):
         if rec.output is output:
             return rec
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _zero_floor() -> float:
+    """ZERO_SHOWN_AS where Megatron-LM's training log drops entries whose mean is 0 (core up to
+    0.17: `if avg > 0.0`), else 0."""
+    try:
+        from megatron.core.package_info import __version__
+    except ImportError:
+        return 0.0
+    major, minor = (int(part) for part in __version__.split(".")[:2])
+    return ZERO_SHOWN_AS if (major, minor) < (0, 18) else 0.0
 
 
 def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
@@ -69,8 +85,11 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     n_digits = digit_mask.sum()
     correct = rec.pieces.digit_logits.argmax(dim=-1) == rec.pieces.digit
 
+    floor = _zero_floor()
+
     def pair(total, count):
-        return torch.stack([total.detach().float(), count.float()])
+        count = count.detach().float() + COUNT_EPS
+        return torch.stack([total.detach().float() + floor * count, count])
 
     return {
         "ce loss": pair((rec.pieces.ce.float() * mask).sum(), mask.sum()),

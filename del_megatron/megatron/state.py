@@ -1,0 +1,75 @@
+"""What register() sets up and unregister() takes down: one Registration, no other state.
+
+The loss hook's settings, the per-micro-batch records telemetry reads, the "digit" reduction's
+step accounting (made on the first training step, when the process groups exist) and the
+counted data iterators all live on the current Registration, so unregister() leaves nothing
+behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, Optional, Set, Tuple
+
+import torch.distributed as dist
+
+from ..loss import NumericalLossConfig
+
+if TYPE_CHECKING:
+    from .accounting import DigitAccounting
+
+logger = logging.getLogger(__name__)
+
+# A micro-batch's loss function runs right after its forward (MTP calls the hook once per MTP
+# layer first), so a few records suffice.
+RECORDS_KEPT = 16
+
+
+@dataclass
+class Registration:
+    """cfg: the loss for every model (None: each model's config fields say).
+    make_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on the
+    first training step (None: the "digit" reduction is per micro-batch, or not used)."""
+
+    cfg: Optional[NumericalLossConfig] = None
+    make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
+    accounting: Optional[DigitAccounting] = None
+    records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
+    counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)
+    logged: Set[str] = field(default_factory=set)
+
+
+_current: Dict[str, Registration] = {}
+
+
+def current() -> Optional[Registration]:
+    """The Registration of the last register(), or None after unregister()."""
+    return _current.get("registration")
+
+
+def begin(registration: Registration) -> None:
+    _current["registration"] = registration
+
+
+def end() -> None:
+    _current.pop("registration", None)
+
+
+def is_rank_zero() -> bool:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"  # before Megatron initialises distributed
+
+
+def log_once(key: str, message: str, *args) -> None:
+    """Log `message` at INFO on rank 0, once per registration (`key` names the message)."""
+    registration = current()
+    if registration is not None:
+        if key in registration.logged:
+            return
+        registration.logged.add(key)
+    if is_rank_zero():
+        logger.info(message, *args)

@@ -1,0 +1,176 @@
+"""Megatron-LM's own pretrain_gpt.py, run for real: sources, patches, torchrun, its log.
+
+Upstream sources are never copied into the repository. They come from the unmodified release
+snapshots in ../shared/megatron-lm/<tag>.tar.gz (E2E_MEGATRON_LM_ARCHIVES names another folder),
+or from a user's checkout in MEGATRON_LM_DIR; each test session unpacks or copies them into a
+temporary folder and applies the matching patch from patches/ there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from tests.distributed import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches"
+DROP_IN = REPO / "examples" / "pretrain_gpt_del.py"
+ARCHIVES = Path(os.environ.get("E2E_MEGATRON_LM_ARCHIVES", REPO.parent / "shared" / "megatron-lm"))
+USER_CHECKOUT = os.environ.get("MEGATRON_LM_DIR")
+RUN_TIMEOUT_S = 600
+
+# The Megatron-LM releases each pinned environment runs (megatron-core major.minor -> tags).
+TAGS_BY_CORE = {"0.16": ["core_v0.16.1"], "0.19": ["core_v0.18.0", "core_v0.19.0"]}
+
+# A tiny GPT on CPU, Megatron-LM flags only. Mock data over a NullTokenizer vocab of 1024:
+# MockGPTDataset's documents count up 1, 2, 3, ... so ids 10..19 appear as one ten-digit number
+# in some steps and not at all in others (iterations 4, 6, 8, 9 have no digit target).
+DIGIT_IDS = [str(i) for i in range(10, 20)]
+TINY_GPT = [
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--seq-length", "128", "--max-position-embeddings", "128",
+    "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "10",
+    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--seed", "1234",
+    "--distributed-backend", "gloo", "--use-cpu-initialization",
+    "--no-gradient-accumulation-fusion", "--no-rope-fusion", "--transformer-impl", "local",
+    "--log-interval", "1", "--eval-iters", "1", "--eval-interval", "5",
+]  # fmt: skip
+MOCK_DATA = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024"]
+
+
+def tags_for_this_environment() -> List[str]:
+    """The tags to test with the installed megatron-core, or ["user"] for MEGATRON_LM_DIR."""
+    if USER_CHECKOUT:
+        return ["user"]
+    core = ".".join(version("megatron-core").split(".")[:2])
+    if core not in TAGS_BY_CORE:
+        raise RuntimeError(f"no Megatron-LM tag is paired with megatron-core {core}")
+    return TAGS_BY_CORE[core]
+
+
+def _patch_for(tree: Path, tag: str) -> Path:
+    """patches/megatron-lm-<tag>-pretrain_gpt.patch, or for a user's checkout the patch that
+    applies to it."""
+    candidates = sorted(PATCHES.glob("*.patch"))
+    if tag != "user":
+        candidates = [PATCHES / f"megatron-lm-{tag}-pretrain_gpt.patch"]
+    for patch in candidates:
+        check = subprocess.run(
+            ["git", "apply", "--check", str(patch)], cwd=tree, capture_output=True, text=True
+        )
+        if check.returncode == 0:
+            return patch
+    raise RuntimeError(f"no patch in {PATCHES} applies to {tree}/pretrain_gpt.py")
+
+
+def prepare_tree(tag: str, dest: Path, patched: bool) -> Path:
+    """A Megatron-LM tree of `tag` under `dest`, with our patch applied if `patched`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if tag == "user":
+        tree = dest / "megatron-lm"
+        shutil.copytree(USER_CHECKOUT, tree, ignore=shutil.ignore_patterns(".git"))
+    else:
+        archive = ARCHIVES / f"{tag}.tar.gz"
+        if not archive.exists():
+            raise FileNotFoundError(
+                f"{archive} is missing: put the Megatron-LM {tag} snapshot there, set "
+                "E2E_MEGATRON_LM_ARCHIVES, or point MEGATRON_LM_DIR at a checkout"
+            )
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+        tree = dest / f"megatron-lm-{tag}"
+    if patched:
+        subprocess.run(["git", "apply", str(_patch_for(tree, tag))], cwd=tree, check=True)
+    return tree
+
+
+@dataclass
+class Run:
+    """One torchrun of a pretrain script: its exit code, its log and the values Megatron-LM
+    printed (iterations[i][key], validation[i][key])."""
+
+    returncode: int
+    log: str
+    iterations: Dict[int, Dict[str, float]] = field(default_factory=dict)
+    validation: Dict[int, Dict[str, float]] = field(default_factory=dict)
+
+    def series(self, key: str, first: int = 1, last: int = 10) -> List[float]:
+        return [self.iterations[i][key] for i in range(first, last + 1)]
+
+
+_ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|(.*)$")
+_VALIDATION = re.compile(r"validation loss at iteration (\d+) .*?\|(.*)$")
+_ENTRY = re.compile(r"^\s*([a-z][a-z0-9 _-]*?)\s*:\s*([-+0-9.eEnaNifINF]+)\s*$")
+_VALUE = re.compile(r"^\s*([a-z][a-z0-9 _-]*?) value\s*:\s*([-+0-9.eEnaNifINF]+)\s*$")
+
+
+def parse_log(text: str) -> tuple:
+    iterations: Dict[int, Dict[str, float]] = {}
+    validation: Dict[int, Dict[str, float]] = {}
+    for line in text.splitlines():
+        found = _ITERATION.search(line)
+        if found:
+            entries = (_ENTRY.match(part) for part in found.group(2).split("|"))
+            iterations[int(found.group(1))] = {m[1]: float(m[2]) for m in entries if m}
+            continue
+        found = _VALIDATION.search(line)
+        if found:
+            entries = (_VALUE.match(part) for part in found.group(2).split("|"))
+            validation[int(found.group(1))] = {m[1]: float(m[2]) for m in entries if m}
+    return iterations, validation
+
+
+def cpu_environment() -> Dict[str, str]:
+    """The environment of a CPU job: del_megatron.cpu's start-up hook in every process."""
+    from del_megatron.cpu.training import site_dir
+
+    env = dict(os.environ)
+    path = [site_dir(), env.get("PYTHONPATH", "")]
+    env.update(
+        DEL_MEGATRON_CPU="1",
+        PYTHONPATH=os.pathsep.join(p for p in path if p),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_pretrain(
+    tree: Path,
+    script: Path,
+    flags: Sequence[str],
+    nproc: int = 2,
+    log_path: Optional[Path] = None,
+) -> Run:
+    """torchrun `script` from the Megatron-LM `tree` with `flags` on CPU (gloo)."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port()), str(script), *flags,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command,
+        cwd=tree,
+        env=cpu_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    if log_path is not None:
+        log_path.write_text(done.stdout)
+    iterations, validation = parse_log(done.stdout)
+    return Run(done.returncode, done.stdout, iterations, validation)
+
+
+def is_finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))

@@ -1,0 +1,163 @@
+"""Megatron-LM's own pretrain() loop with the numerical losses, on every release we claim.
+
+Each test runs Megatron-LM's patched pretrain_gpt.py and the drop-in examples/pretrain_gpt_del.py
+(from an unpatched tree) under torchrun on CPU (gloo, 2 ranks, TP=2 unless said), and asserts on
+the values Megatron-LM printed in its own log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import VARIANTS
+from .megatron_lm import DIGIT_IDS, MOCK_DATA, TINY_GPT, cpu_environment, is_finite
+from .megatron_lm import tags_for_this_environment as _tags
+
+ALPHA = 0.01
+TELEMETRY = ("ce loss", "del term", "digit acc", "digit tokens", "digit share")
+# Megatron-LM prints 7 significant digits.
+PRINTED = 2e-6
+
+TP2 = ["--tensor-model-parallel-size", "2"]
+DEL = ["--numerical-loss", "del", "--del-alpha", str(ALPHA), "--del-digit-token-ids", *DIGIT_IDS]
+
+
+def base_runs(trainer):
+    """The shared runs: CE; DEL token (saves at 5, torch_dist); DEL digit (saves at 5, torch)."""
+    common = TINY_GPT + MOCK_DATA + TP2
+    ce = trainer.run("ce", common + ["--numerical-loss", "ce"])
+    token = trainer.run(
+        "del-token",
+        common + DEL + ["--save", str(trainer.path("ckpt-torch_dist")), "--save-interval", "5"]
+        + ["--ckpt-format", "torch_dist"],
+    )  # fmt: skip
+    digit = trainer.run(
+        "del-digit",
+        common + DEL + ["--del-reduction", "digit", "--save", str(trainer.path("ckpt-torch"))]
+        + ["--save-interval", "5", "--ckpt-format", "torch"],
+    )  # fmt: skip
+    for run in (ce, token, digit):
+        assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
+    return ce, token, digit
+
+
+parametrize = pytest.mark.parametrize
+tags = parametrize("tag", _tags())
+variants = parametrize("variant", VARIANTS)
+
+
+@tags
+@variants
+def test_iteration_one_is_ce_plus_alpha_times_the_term(trainers, tag, variant):
+    ce, token, digit = base_runs(trainers(tag, variant))
+    first_ce, first_token, first_digit = ce.iterations[1], token.iterations[1], digit.iterations[1]
+    assert not set(TELEMETRY) & set(first_ce)  # --numerical-loss ce leaves Megatron's loss
+    assert first_token["digit tokens"] > 0
+    # The pure CE that DEL runs report equals the CE run's loss: same weights, same batch.
+    assert first_token["ce loss"] == pytest.approx(first_ce["lm loss"], rel=PRINTED)
+    assert first_digit["ce loss"] == pytest.approx(first_ce["lm loss"], rel=PRINTED)
+    expected = first_token["ce loss"] + ALPHA * first_token["del term"] * first_token["digit share"]
+    assert first_token["lm loss"] == pytest.approx(expected, rel=PRINTED)
+    expected = first_digit["ce loss"] + ALPHA * first_digit["del term"]
+    assert first_digit["lm loss"] == pytest.approx(expected, rel=PRINTED)
+    assert first_digit["lm loss"] != pytest.approx(first_token["lm loss"], rel=PRINTED)
+
+
+@tags
+@variants
+def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
+    _, token, digit = base_runs(trainers(tag, variant))
+    for run in (token, digit):
+        for iteration, entries in run.iterations.items():
+            for key in TELEMETRY:
+                assert key in entries and is_finite(entries[key]), (iteration, entries)
+        # Teeth: some steps have no digit target (their digit entries are 0, not NaN).
+        assert min(entries["digit tokens"] for entries in run.iterations.values()) < 1e-6
+        assert sorted(run.validation) == [5, 10]
+        for iteration, entries in run.validation.items():
+            for key in ("lm loss",) + TELEMETRY:
+                assert key in entries and is_finite(entries[key]), (iteration, entries)
+
+
+@tags
+@variants
+@parametrize("fmt", ["torch", "torch_dist"])
+def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, variant, fmt):
+    trainer = trainers(tag, variant)
+    _, token, digit = base_runs(trainer)
+    uninterrupted, flags = (
+        (token, []) if fmt == "torch_dist" else (digit, ["--del-reduction", "digit"])
+    )
+    resumed = trainer.run(
+        f"resume-{fmt}",
+        TINY_GPT + MOCK_DATA + TP2 + DEL + flags
+        + ["--load", str(trainer.path(f"ckpt-{fmt}")), "--ckpt-step", "5", "--ckpt-format", fmt],
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.log[-3000:]
+    assert sorted(resumed.iterations) == list(range(6, 11)), resumed.log[-3000:]
+    for key in ("lm loss", "ce loss", "del term", "grad norm"):
+        assert resumed.series(key, 6, 10) == uninterrupted.series(key, 6, 10), key
+
+
+@tags
+@variants
+def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag, variant):
+    trainer = trainers(tag, variant)
+    _, token, _ = base_runs(trainer)
+    common = TINY_GPT + MOCK_DATA + DEL
+    tp1 = trainer.run("del-tp1", common + ["--tensor-model-parallel-size", "1"], nproc=1)
+    sp = trainer.run("del-tp2-sp", common + TP2 + ["--sequence-parallel"])
+    for run in (tp1, sp):
+        assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
+        for key in ("lm loss", "ce loss", "del term"):
+            assert run.series(key) == pytest.approx(token.series(key), rel=1e-5), key
+
+
+@tags
+@variants
+def test_null_tokenizer_without_digit_ids_stops_before_training(trainers, tag, variant):
+    trainer = trainers(tag, variant)
+    flags = TINY_GPT + MOCK_DATA + ["--numerical-loss", "del"]
+    run = trainer.run("null-tokenizer", flags, nproc=1)
+    assert run.returncode != 0 and not run.iterations
+    assert "--del-digit-token-ids" in run.log and "NullTokenizer" in run.log, run.log[-3000:]
+
+
+@tags
+@variants
+def test_digit_ids_come_from_the_runs_tokenizer_and_merging_ones_are_refused(
+    trainers, sentencepiece_models, tag, variant
+):
+    trainer = trainers(tag, variant)
+    common = TINY_GPT + ["--mock-data", "--tokenizer-type", "SentencePieceTokenizer"]
+    common = common + ["--numerical-loss", "del", "--train-iters", "2", "--eval-iters", "0"]
+    merging = trainer.run(
+        "merging-tokenizer", common + ["--tokenizer-model", sentencepiece_models["merging"]], 1
+    )
+    assert merging.returncode != 0 and not merging.iterations
+    assert "merges digits" in merging.log and "--del-allow-multi-digit-tokens" in merging.log
+    splitting = trainer.run(
+        "splitting-tokenizer", common + ["--tokenizer-model", sentencepiece_models["split"]], 1
+    )
+    assert splitting.returncode == 0 and sorted(splitting.iterations) == [1, 2], splitting.log
+    assert all(is_finite(e["del term"]) for e in splitting.iterations.values())
+
+
+@tags
+@variants
+def test_help_lists_the_del_flags(trainers, tag, variant):
+    trainer = trainers(tag, variant)
+    done = subprocess.run(
+        [sys.executable, str(trainer.script), "--help"],
+        cwd=trainer.tree,
+        env=cpu_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for flag in ("--numerical-loss", "--del-alpha", "--del-reduction", "--del-digit-token-ids"):
+        assert flag in done.stdout, flag
