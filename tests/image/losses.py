@@ -1,0 +1,69 @@
+"""Reads `lm loss` per iteration from Megatron-LM logs and compares runs (tests/image/run.sh).
+
+    python3 losses.py --iters N LOG...                 every iteration 1..N logged, values finite
+    python3 losses.py --iters N --ref REF LOG...       ... and each logged value equals REF's
+    --restarted: the logs hold a restart, so some iterations are logged twice (each must match)
+
+Values are compared as Megatron prints them (`lm loss: 6.931472E+00`), so "equal" means equal to
+the printed digits. Standard library only: it runs with the host's python3.
+"""
+
+import argparse
+import math
+import re
+import sys
+
+LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\blm loss: ([0-9.Ee+-]+) \|")
+
+
+def read(paths):
+    found = []
+    for path in paths:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = LINE.search(line)
+                if m:
+                    found.append((int(m.group(1)), m.group(2), line))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, required=True)
+    parser.add_argument("--ref")
+    parser.add_argument("--restarted", action="store_true")
+    parser.add_argument("logs", nargs="+")
+    a = parser.parse_args()
+    found = read(a.logs)
+    errors = []
+    iters = sorted({i for i, _, _ in found})
+    if iters != list(range(1, a.iters + 1)):
+        errors.append(f"logged iterations {iters}, expected 1..{a.iters}")
+    for i, value, line in found:
+        if not math.isfinite(float(value)):
+            errors.append(f"iteration {i}: lm loss {value}")
+        if "ce loss" not in line:
+            errors.append(f"iteration {i}: no `ce loss` entry (is --numerical-loss del active?)")
+    repeated = len(found) - len(iters)
+    if a.restarted and repeated == 0:
+        errors.append("no iteration was logged twice: the worker was not restarted mid-run")
+    if not a.restarted and repeated:
+        errors.append(f"{repeated} iterations logged twice")
+    summary = f"{len(iters)} iterations, {repeated} logged again after a restart"
+    if a.ref:
+        ref = {i: v for i, v, _ in read([a.ref])}
+        bad = [(i, v, ref.get(i)) for i, v, _ in found if ref.get(i) != v]
+        errors += [f"iteration {i}: lm loss {v}, reference {r}" for i, v, r in bad[:10]]
+        summary += f"; all {len(found)} logged values equal the reference's" if not bad else ""
+    first = {i: v for i, v, _ in found}
+    summary += f"; lm loss at 1, {a.iters // 2}, {a.iters}: "
+    summary += ", ".join(first.get(i, "?") for i in (1, a.iters // 2, a.iters))
+    if errors:
+        print("\n".join(["losses: " + e for e in errors]), file=sys.stderr)
+        return 1
+    print("losses:", summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
