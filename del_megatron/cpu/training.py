@@ -289,9 +289,10 @@ def _patch_megatron_lm(training: types.ModuleType) -> None:
 
     _load_wheel_helpers()
     dataset_utils.compile_helpers = _nothing
-    legacy_kernels = importlib.util.find_spec("megatron.legacy.fused_kernels")
-    if legacy_kernels is not None:
+    try:  # core <= 0.16 only
         importlib.import_module("megatron.legacy.fused_kernels").load = _nothing
+    except ImportError:
+        pass
 
     build_iterators = training.build_train_valid_test_data_iterators
 

@@ -7,6 +7,8 @@ from typing import Dict, Optional, Sequence
 
 import pytest
 
+from tests.sentencepiece_models import train_sentencepiece_models
+
 from .megatron_lm import DROP_IN, Run, prepare_tree, run_pretrain
 
 VARIANTS = ("patched", "drop-in")
@@ -49,31 +51,4 @@ def trainers(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sentencepiece_models(tmp_path_factory) -> Dict[str, str]:
-    """Two SentencePiece models trained on number-rich text: "split" keeps one digit per
-    token (Llama-2 / Mistral style), "merging" learns multi-digit pieces."""
-    import random
-
-    import sentencepiece as spm
-
-    folder = tmp_path_factory.mktemp("sentencepiece")
-    rng = random.Random(0)
-    lines = [
-        f"item {rng.randint(0, 999)} costs {rng.randint(1, 99)}.{rng.randint(0, 99):02d} "
-        f"and weighs {rng.randint(10, 5000)} grams"
-        for _ in range(3000)
-    ]
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(lines) + "\n")
-    models = {}
-    for name, split in (("split", True), ("merging", False)):
-        prefix = folder / name
-        spm.SentencePieceTrainer.train(
-            input=str(corpus),
-            model_prefix=str(prefix),
-            vocab_size=400,
-            split_digits=split,
-            model_type="bpe",
-            minloglevel=2,
-        )
-        models[name] = f"{prefix}.model"
-    return models
+    return train_sentencepiece_models(tmp_path_factory.mktemp("sentencepiece"))
