@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import del_megatron as dm  # noqa: E402
 from del_megatron.heads import HEADS  # noqa: E402
+from del_megatron.loss import LOSSES  # noqa: E402
 from del_megatron.numbers import number_layout  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -161,13 +162,13 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     def megatron_fused(labels, logits):
         return fused_vocab_parallel_cross_entropy(logits, labels.t().contiguous(), group).t()
 
-    def ours(loss, **extra):
-        extra.setdefault("inplace", inplace)
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=VOCAB, **extra)
-        return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, tp_group=group)
+    def ours(loss, **how):
+        how.setdefault("inplace", inplace)
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=VOCAB)
+        return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, group, **how)
 
     impls = {"megatron_ce": megatron_ce, "megatron_fused": megatron_fused}
-    for loss in ("ce", "del", "ntl_was", "ntl_mse", "dist2"):
+    for loss in LOSSES:
         impls[loss] = ours(loss)
     impls["del_softmax"] = ours("del", kernel="softmax")
     impls["del_compiled"] = ours("del", kernel="compiled")

@@ -1,6 +1,18 @@
-"""del-megatron: the Digit Entropy Loss (and its peers) for Megatron-Core, vocab-parallel."""
+"""del-megatron: the Digit Entropy Loss (and its peers) for Megatron-Core, vocab-parallel.
 
-from .loss import LossParts, NumericalLossConfig, numerical_linear_loss, numerical_lm_loss
+The math is docs/DEL.md. Modules, each importing only those above it:
+vocab (DigitVocab), sequence (CP / packed positions) | kernels/ (the vocab-parallel primitive),
+numbers (place weights), heads (per-token terms), reference (slow oracles), tokenizers (digit ids
+of real tokenizers) | loss (the public entry) | megatron/ (framework glue) | demo/ | cli.
+"""
+
+from .loss import (
+    LossParts,
+    NumericalLossConfig,
+    loss_parts,
+    numerical_linear_loss,
+    numerical_lm_loss,
+)
 from .numbers import place_weights
 from .vocab import DigitVocab
 
@@ -10,6 +22,7 @@ __all__ = [
     "DigitVocab",
     "LossParts",
     "NumericalLossConfig",
+    "loss_parts",
     "numerical_linear_loss",
     "numerical_lm_loss",
     "place_weights",

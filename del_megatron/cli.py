@@ -9,25 +9,67 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import warnings
 from dataclasses import fields
-from typing import List, Optional
+from typing import Callable, List, Optional
 
-from .demo.train import TrainConfig
+from .demo.config import NON_NEGATIVE, NOT_FLAGS, POSITIVE, TrainConfig
+from .loss import LOSSES
+
+# Everything that trains or prepares data (torch.distributed, Megatron-Core, the demo) is
+# imported inside the command that needs it: `del-megatron --help` and bad arguments stay fast.
 
 
-def _add_train_args(parser: argparse.ArgumentParser) -> None:
-    defaults = TrainConfig(data_dir="", out_dir="")
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _number(kind: Callable, bound: str) -> Callable[[str], object]:
+    """argparse type: an int/float that is positive (> 0) or non-negative (>= 0)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value < 0 or (bound == POSITIVE and value == 0):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    parse.__name__ = f"{bound} {kind.__name__}"
+    return parse
+
+
+def _existing(what: str, want_file: bool) -> Callable[[str], str]:
+    """argparse type: a path that exists (a file, with want_file)."""
+
+    def parse(text: str) -> str:
+        if not os.path.exists(text):
+            raise argparse.ArgumentTypeError(f"{what} {text!r} does not exist")
+        if want_file and not os.path.isfile(text):
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a file")
+        return text
+
+    return parse
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _train_flags(args) -> List[str]:
+    """The flags that hand the demo's training settings on to a `train` worker."""
+    argv = []
     for f in fields(TrainConfig):
-        if f.name in ("data_dir", "out_dir", "loss", "resume", "progress"):
-            continue
-        parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=type(getattr(defaults, f.name)),
-            default=getattr(defaults, f.name),
-        )
+        if f.name not in NOT_FLAGS:
+            argv += [_flag(f.name), str(getattr(args, f.name))]
+    return argv
 
 
 def _prepare(args) -> int:
@@ -43,10 +85,9 @@ def _train(args) -> int:
 
     from .demo.train import train
 
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     _init_process_group()
     try:
-        train(TrainConfig(**values))
+        train(TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}))
     finally:
         dist.destroy_process_group()
     return 0
@@ -88,19 +129,11 @@ def _torchrun(nproc: int, argv: List[str]) -> List[str]:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "del_megatron.cli",
         *argv,
     ]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _demo(args) -> int:
@@ -114,9 +147,7 @@ def _demo(args) -> int:
     for loss in args.losses:
         out_dir = os.path.join(args.out, loss)
         train_args = ["train", "--data-dir", data_dir, "--out-dir", out_dir, "--loss", loss]
-        for f in fields(TrainConfig):
-            if f.name not in ("data_dir", "out_dir", "loss", "resume", "progress"):
-                train_args += [f"--{f.name.replace('_', '-')}", str(getattr(args, f.name))]
+        train_args += _train_flags(args)
         if args.resume:
             train_args.append("--resume")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -136,44 +167,70 @@ def _demo(args) -> int:
     return 0
 
 
+def _add_train_args(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig(data_dir="", out_dir="")
+    for f in fields(TrainConfig):
+        if f.name in NOT_FLAGS:
+            continue
+        default = getattr(defaults, f.name)
+        parser.add_argument(
+            _flag(f.name),
+            type=_number(type(default), f.metadata["bound"]),
+            default=default,
+            help=f"{f.metadata['help']} (default {default})",
+        )
+
+
+def _check_model_shape(parser: argparse.ArgumentParser, args, tp: Optional[int]) -> None:
+    """What Megatron would refuse after the launch, refused before it."""
+    if args.hidden % args.heads:
+        parser.error(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
+    if tp is not None and args.heads % tp:
+        parser.error(f"--heads {args.heads} must be a multiple of --nproc {tp} (the TP size)")
+    if args.min_lr > args.lr:
+        parser.error(f"--min-lr {args.min_lr} must not exceed --lr {args.lr}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="del-megatron", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    positive = _number(int, POSITIVE)
 
     def data_args(p):
         p.add_argument(
-            "--corpus", default=None, help='JSONL with a "text" per line (default: synthetic)'
+            "--corpus",
+            type=_existing("corpus", want_file=True),
+            default=None,
+            help='JSONL with a "text" per line (default: synthetic)',
         )
         p.add_argument(
-            "--tokenizer", default=None, help="tokenizer file (default: train SentencePiece)"
+            "--tokenizer",
+            type=_existing("tokenizer", want_file=False),
+            default=None,
+            help="tokenizer file or folder (default: train SentencePiece)",
         )
-        p.add_argument("--num-docs", type=int, default=20000)
-        p.add_argument("--num-eval", type=int, default=128)
+        p.add_argument("--num-docs", type=positive, default=20000)
+        p.add_argument("--num-eval", type=positive, default=128)
 
     prep = sub.add_parser("prepare", help="write the corpus as a Megatron indexed dataset")
     prep.add_argument("--out", required=True)
-    prep.add_argument("--seed", type=int, default=1234)
+    prep.add_argument("--seed", type=_number(int, NON_NEGATIVE), default=1234)
     data_args(prep)
     prep.set_defaults(func=_prepare)
 
     demo = sub.add_parser("demo", help="train CE and DEL on CPU with torchrun and compare")
     demo.add_argument("--out", default="runs/demo")
-    demo.add_argument(
-        "--losses",
-        nargs="+",
-        default=["ce", "del"],
-        choices=["ce", "del", "ntl_was", "ntl_mse", "dist2"],
-    )
-    demo.add_argument("--nproc", type=int, default=2, help="processes = tensor-parallel size")
+    demo.add_argument("--losses", nargs="+", default=["ce", "del"], choices=LOSSES)
+    demo.add_argument("--nproc", type=positive, default=2, help="processes = tensor-parallel size")
     demo.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     data_args(demo)
     _add_train_args(demo)
     demo.set_defaults(func=_demo)
 
     train = sub.add_parser("train", help="one training run (the torchrun worker)")
-    train.add_argument("--data-dir", required=True)
+    train.add_argument("--data-dir", required=True, type=_existing("data dir", want_file=False))
     train.add_argument("--out-dir", required=True)
-    train.add_argument("--loss", default="del")
+    train.add_argument("--loss", default="del", choices=LOSSES)
     train.add_argument("--resume", action="store_true")
     train.add_argument("--no-progress", dest="progress", action="store_false")
     _add_train_args(train)
@@ -181,10 +238,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parsed and checked arguments; exits with argparse's usage error (status 2) on bad ones."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("demo", "train"):
+        _check_model_shape(parser, args, args.nproc if args.command == "demo" else None)
+    return args
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """The console script; returns the exit status (2 for bad arguments or input)."""
     # megatron-core says so on import when apex / Transformer Engine (GPU-only) are absent
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError) as exc:

@@ -1,4 +1,13 @@
-"""The public entry: NumericalLossConfig and numerical_lm_loss on Megatron-shaped tensors."""
+"""The public entry: NumericalLossConfig and numerical_lm_loss on Megatron-shaped tensors.
+
+Composes kernel -> number layout -> head -> reduction: a kernel (kernels/) gives per-token CE and
+the ten digit logits, numbers.py locates every digit in its number (over the whole sequence under
+context parallelism or packing), a head (heads.py) turns digit logits into the numerical term,
+and the reduction puts CE and alpha * term together. The math is docs/DEL.md.
+
+NumericalLossConfig says what a run means; how it is computed (kernel, inplace, validate,
+chunk_tokens) is a keyword argument of the functions below.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +18,12 @@ import torch
 import torch.distributed as dist
 
 from .heads import HEADS
-from .linear import LinearDigitCrossEntropy, default_chunk_rows
+from .kernels import (
+    ProcessGroup,
+    check_kernel,
+    digit_cross_entropy,
+    linear_digit_cross_entropy,
+)
 from .numbers import (
     NumberLayout,
     check_label_dtype,
@@ -18,9 +32,8 @@ from .numbers import (
     number_layout,
     select_positions,
 )
-from .parallel import KERNELS, ProcessGroup, VocabShard, digit_cross_entropy
 from .sequence import doc_starts, gather_sequence
-from .vocab import DigitVocab
+from .vocab import NUM_DIGITS, DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
 REDUCTIONS = ("token", "digit")
@@ -28,23 +41,18 @@ REDUCTIONS = ("token", "digit")
 
 @dataclass(frozen=True)
 class NumericalLossConfig:
-    """What to add to cross-entropy, and how much.
+    """What a run means: the loss added to cross-entropy, and how much of it.
 
     loss:         "ce" (plain cross-entropy), "del", "ntl_was", "ntl_mse" or "dist2"
     alpha:        weight of the numerical term
     vocab:        DigitVocab of the tokenizer (required unless loss == "ce")
     reduction:    "token" (each token carries CE_t + alpha * term_t) or "digit" (the numerical
-                  term is averaged over digit targets instead of over tokens; spec/DEL.md)
+                  term is averaged over digit targets instead of over tokens; docs/DEL.md)
     ignore_index: label value of positions without a loss
-    inplace:      let the logits be overwritten by their gradient in backward (kernel "softmax":
-                  fp32 logits by the softmax in forward) to save a buffer, as Megatron's
-                  vocab_parallel_cross_entropy does with fp32 logits
-    validate:     check label ids against the vocab (one host sync per call) and shard sizes
-    kernel:       "recompute" keeps the logits for backward and recomputes the softmax there,
-                  in row chunks (logits + gradient in their dtype: no [N, V] fp32 buffer);
-                  "compiled" the same with torch.compile'd passes; "softmax" keeps an fp32
-                  softmax as Megatron does; "auto" is "compiled" on CUDA, else "softmax" for
-                  fp32 logits with inplace=True and "recompute" otherwise
+
+    These are what Megatron's flags and model-config fields carry. How the loss is computed
+    (kernel, inplace, validate, chunk_tokens) is a keyword argument of numerical_lm_loss,
+    numerical_linear_loss and loss_parts.
     """
 
     loss: str = "del"
@@ -52,17 +60,12 @@ class NumericalLossConfig:
     vocab: Optional[DigitVocab] = None
     reduction: str = "token"
     ignore_index: int = -100
-    inplace: bool = False
-    validate: bool = True
-    kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.vocab is not None and not isinstance(self.vocab, DigitVocab):
             raise TypeError(f"vocab must be a DigitVocab, got {type(self.vocab).__name__}")
         if self.loss != "ce" and self.vocab is None:
@@ -74,15 +77,36 @@ class NumericalLossConfig:
 
 
 class LossParts(NamedTuple):
-    """Per-token pieces, each [b, s]: ce fp32, term fp32 (before alpha), is_digit bool."""
+    """Per-token pieces of the loss, each over [b, s] (this rank's positions):
+
+    ce            fp32 per-token cross-entropy over the whole vocab (0 where ignored)
+    term          fp32 numerical term before alpha (DEL: w_t * l_t), 0 off digit targets
+    is_digit      bool, the label is a digit token (and not ignored)
+    digit_logits  fp32 [b, s, 10] the raw logits of the ten digits (telemetry: digit accuracy)
+    digit         int64 target digit 0..9 where is_digit, else 0
+    n_tokens      [] int64 loss tokens of the whole sequence (all CP ranks)
+    n_digits      [] int64 digit targets of the whole sequence (all CP ranks)
+    """
 
     ce: torch.Tensor
     term: torch.Tensor
     is_digit: torch.Tensor
+    digit_logits: torch.Tensor
+    digit: torch.Tensor
+    n_tokens: torch.Tensor
+    n_digits: torch.Tensor
+
+    def token_loss(self, alpha: float) -> torch.Tensor:
+        """[b, s] CE_t + alpha * term_t: the "token" reduction, and what the model returns."""
+        return self.ce + alpha * self.term
+
+
+# The name the Megatron glue first imported; one concept, one class.
+LossPieces = LossParts
 
 
 # Any fixed vocab serves loss="ce": its digit logits are computed but unused.
-_CE_ONLY_VOCAB = DigitVocab(range(10))
+_CE_ONLY_VOCAB = DigitVocab(range(NUM_DIGITS))
 
 
 def _check_inputs(labels: torch.Tensor, logits: torch.Tensor) -> None:
@@ -113,45 +137,6 @@ def _place_weights(loss: str, layout: NumberLayout, dtype: torch.dtype) -> torch
     if loss == "dist2":
         return dist2_weights(layout, dtype)
     return layout.is_digit.to(dtype)
-
-
-class LossPieces(NamedTuple):
-    """LossParts plus, for telemetry, digit logits fp32 [b, s, 10] and target digits [b, s], and
-    the counts of loss tokens and digit targets of the whole sequence (all CP ranks) [] int64."""
-
-    ce: torch.Tensor
-    term: torch.Tensor
-    is_digit: torch.Tensor
-    digit_logits: torch.Tensor
-    digit: torch.Tensor
-    n_tokens: torch.Tensor
-    n_digits: torch.Tensor
-
-
-def loss_pieces(
-    labels: torch.Tensor,
-    logits: torch.Tensor,
-    cfg: NumericalLossConfig,
-    tp_group: ProcessGroup = None,
-    *,
-    cp_group: ProcessGroup = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-) -> LossPieces:
-    """Everything numerical_lm_loss composes its result from; see there for shapes."""
-    _check_config(cfg)
-    _check_inputs(labels, logits)
-    s, b, v_local = logits.shape
-    ce, digit_logits = digit_cross_entropy(
-        logits.reshape(s * b, v_local),
-        _flat_target(labels),
-        _vocab(cfg),
-        tp_group=tp_group,
-        ignore_index=cfg.ignore_index,
-        inplace=cfg.inplace,
-        validate=cfg.validate,
-        kernel=cfg.kernel,
-    )
-    return _compose_pieces(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
 
 
 def _check_config(cfg: NumericalLossConfig) -> None:
@@ -204,18 +189,18 @@ def _sequence_layout(
     return _Layout(layout, n_tokens, n_digits)
 
 
-def _compose_pieces(
+def _compose_parts(
     labels: torch.Tensor,
     ce: torch.Tensor,
     digit_logits: torch.Tensor,
     cfg: NumericalLossConfig,
-    cp_group: ProcessGroup = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-) -> LossPieces:
-    """ce [s * b] and digit logits [s * b, 10] of the primitive -> LossPieces of [b, s]."""
+    cp_group: ProcessGroup,
+    cu_seqlens: Optional[torch.Tensor],
+) -> LossParts:
+    """ce [s * b] and digit logits [s * b, 10] of a kernel -> LossParts of [b, s]."""
     b, s = labels.shape
     ce = ce.view(s, b).transpose(0, 1).contiguous()  # [b, s], as Megatron returns it
-    digit_logits = digit_logits.view(s, b, -1).transpose(0, 1)
+    digit_logits = digit_logits.view(s, b, -1).transpose(0, 1).contiguous()
     seq = _sequence_layout(labels, cfg, cp_group, cu_seqlens)
     layout = seq.local
     if cfg.loss == "ce":
@@ -226,23 +211,60 @@ def _compose_pieces(
         w = _place_weights(cfg.loss, layout, z.dtype)
         term = HEADS[cfg.loss](z.reshape(-1, z.size(-1)), layout.digit.reshape(-1), w.reshape(-1))
         term = term.view(b, s)
-    return LossPieces(
+    return LossParts(
         ce, term, layout.is_digit, digit_logits, layout.digit, seq.n_tokens, seq.n_digits
     )
 
 
 def _result(
-    pieces: LossPieces, cfg: NumericalLossConfig, return_parts: bool
+    parts: LossParts, cfg: NumericalLossConfig, return_parts: bool
 ) -> Union[torch.Tensor, LossParts]:
     if return_parts:
-        return LossParts(ce=pieces.ce, term=pieces.term, is_digit=pieces.is_digit)
+        return parts
     if cfg.loss == "ce":
-        return pieces.ce
-    term = pieces.term
+        return parts.ce
     if cfg.reduction == "digit":
-        ratio = pieces.n_tokens.to(term.dtype) / pieces.n_digits.clamp(min=1).to(term.dtype)
-        term = term * ratio
-    return pieces.ce + cfg.alpha * term
+        ratio = parts.n_tokens.to(parts.term.dtype) / parts.n_digits.clamp(min=1).to(
+            parts.term.dtype
+        )
+        parts = parts._replace(term=parts.term * ratio)
+    return parts.token_loss(cfg.alpha)
+
+
+def loss_parts(
+    labels: torch.Tensor,
+    logits: torch.Tensor,
+    cfg: NumericalLossConfig,
+    tp_group: ProcessGroup = None,
+    *,
+    cp_group: ProcessGroup = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    kernel: str = "auto",
+    inplace: bool = False,
+    validate: bool = True,
+    chunk_tokens: Optional[int] = None,
+) -> LossParts:
+    """Everything numerical_lm_loss composes its result from (always the "token" pieces: the
+    reduction is not applied); arguments as there."""
+    _check_config(cfg)
+    _check_inputs(labels, logits)
+    s, b, v_local = logits.shape
+    ce, digit_logits = digit_cross_entropy(
+        logits.reshape(s * b, v_local),
+        _flat_target(labels),
+        _vocab(cfg),
+        tp_group,
+        ignore_index=cfg.ignore_index,
+        kernel=kernel,
+        inplace=inplace,
+        validate=validate,
+        chunk_tokens=chunk_tokens,
+    )
+    return _compose_parts(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
+
+
+# The name the Megatron glue first imported.
+loss_pieces = loss_parts
 
 
 def numerical_lm_loss(
@@ -254,23 +276,49 @@ def numerical_lm_loss(
     *,
     cp_group: ProcessGroup = None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    kernel: str = "auto",
+    inplace: bool = False,
+    validate: bool = True,
+    chunk_tokens: Optional[int] = None,
 ) -> Union[torch.Tensor, LossParts]:
-    """Cross-entropy plus a digit-aware term, per token.
+    """Cross-entropy plus a digit-aware term, per token (docs/DEL.md).
 
-    labels [b, s] int64; logits [s, b, V_local] (whole vocab when tp_group is None, else this
-    rank's contiguous shard). Returns fp32 [b, s] (fp64 for fp64 logits), 0 where labels ==
-    ignore_index. "token" reduction: CE_t + alpha * term_t. "digit" reduction: CE_t + alpha *
-    term_t * n_tokens / n_digits, so that the mean over non-ignored tokens is the spec's
-    per-micro-batch digit reduction. With return_parts, a LossParts of [b, s] tensors instead.
+    labels [b, s] int64; logits [s, b, V_local]. Returns fp32 [b, s] (fp64 for fp64 logits), 0
+    where labels == ignore_index. "token" reduction: CE_t + alpha * term_t. "digit" reduction:
+    CE_t + alpha * term_t * n_tokens / n_digits, so that the mean over non-ignored tokens is
+    mean CE + alpha * sum(term) / n_digits. With return_parts, the LossParts instead.
+
+    tp_group=None MEANS THE LOGITS HOLD THE WHOLE VOCABULARY (no tensor parallelism). It does
+    not mean "the default TP group", as None does in Megatron-Core's vocab_parallel_cross_entropy:
+    under tensor parallelism pass the group (parallel_state.get_tensor_model_parallel_group()),
+    and each rank's logits are its contiguous vocab shard, as ColumnParallelLinear gives them.
 
     cp_group: the context-parallel group when labels and logits hold this rank's load-balanced
     chunks of the sequence (Megatron's layout); every digit is weighed, and the "digit"
     reduction counted, as in the whole sequence (one all-gather of the labels). cu_seqlens:
     offsets of packed documents in the (whole) sequence, THD labels [1, T]; numbers never run
     across a document start (with CP: Megatron's cu_seqlens_padded).
+
+    How it is computed (results agree to rounding):
+    kernel:       "auto", "softmax", "recompute" or "compiled" (kernels/__init__.py's table)
+    inplace:      let the logits be overwritten (by their gradient; under "softmax", fp32 logits
+                  by the softmax first) to save an [N, V/tp] buffer, as Megatron's CE does
+    validate:     check label ids against the vocab (one host sync) and the shard sizes
+    chunk_tokens: rows a "recompute"/"compiled" pass converts at once
     """
-    pieces = loss_pieces(labels, logits, cfg, tp_group, cp_group=cp_group, cu_seqlens=cu_seqlens)
-    return _result(pieces, cfg, return_parts)
+    parts = loss_parts(
+        labels,
+        logits,
+        cfg,
+        tp_group,
+        cp_group=cp_group,
+        cu_seqlens=cu_seqlens,
+        kernel=kernel,
+        inplace=inplace,
+        validate=validate,
+        chunk_tokens=chunk_tokens,
+    )
+    return _result(parts, cfg, return_parts)
 
 
 def numerical_linear_loss(
@@ -280,37 +328,49 @@ def numerical_linear_loss(
     cfg: NumericalLossConfig,
     tp_group: ProcessGroup = None,
     return_parts: bool = False,
+    *,
+    cp_group: ProcessGroup = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    kernel: str = "auto",
+    inplace: bool = False,
+    validate: bool = True,
     chunk_tokens: Optional[int] = None,
 ) -> Union[torch.Tensor, LossParts]:
-    """numerical_lm_loss(labels, hidden @ weight.T, cfg, tp_group) without the logits.
+    """numerical_lm_loss(labels, hidden @ weight.T, cfg, tp_group, ...) without the logits.
 
-    hidden [s, b, h] (the output layer's input, the whole sequence on every tensor-parallel
-    rank), weight [V_local, h] (this rank's shard of the output layer, or the whole one when
-    tp_group is None), labels [b, s] int64. Tokens are processed `chunk_tokens` at a time (default:
-    256 MiB of fp32 logits per chunk) and multiplied out again in backward. Gradients reach hidden
-    (summed over the tensor-parallel group) and weight. Returns what numerical_lm_loss returns.
+    hidden [s, b, h] (the output layer's input: this CP rank's positions, the whole sequence on
+    every tensor-parallel rank), weight [V_local, h] (this rank's shard of the output layer; the
+    whole one when tp_group is None, which here too means "no tensor parallelism"), labels
+    [b, s] int64. cp_group and cu_seqlens as in numerical_lm_loss. Tokens are processed
+    chunk_tokens at a time (default: 256 MiB of fp32 logits a chunk) and multiplied out again
+    in backward. Gradients reach hidden (summed over the tensor-parallel group) and weight.
+
+    It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
+    no logits to overwrite); anything else is refused.
     """
     _check_config(cfg)
+    if kernel not in ("auto", "linear"):
+        check_kernel(kernel)
+        raise ValueError(
+            f"numerical_linear_loss has one kernel, 'linear' (kernel={kernel!r} needs the "
+            "logits: use numerical_lm_loss for it)"
+        )
+    if inplace:
+        raise ValueError("numerical_linear_loss keeps no logits, so inplace=True has nothing to do")
     _check_linear_inputs(hidden, weight, labels, tp_group)
     s, b, h = hidden.shape
-    shard = VocabShard.of(weight.size(0), tp_group)
-    vocab = _vocab(cfg)
-    vocab.check_vocab_size(shard.full_size)
-    if chunk_tokens is None:
-        chunk_tokens = default_chunk_rows(shard.local_size)
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
-    ce, digit_logits = LinearDigitCrossEntropy.apply(
+    ce, digit_logits = linear_digit_cross_entropy(
         hidden.reshape(s * b, h),
         weight,
         _flat_target(labels),
-        vocab,
-        shard,
-        cfg.ignore_index,
-        chunk_tokens,
-        cfg.validate,
+        _vocab(cfg),
+        tp_group,
+        ignore_index=cfg.ignore_index,
+        validate=validate,
+        chunk_tokens=chunk_tokens,
     )
-    return _result(_compose_pieces(labels, ce, digit_logits, cfg), cfg, return_parts)
+    parts = _compose_parts(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
+    return _result(parts, cfg, return_parts)
 
 
 def _check_linear_inputs(

@@ -14,8 +14,6 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-ProcessGroup = Optional["dist.ProcessGroup"]
-
 
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
@@ -78,7 +76,9 @@ def cp_positions(
 
 
 def gather_sequence(
-    labels: torch.Tensor, cp_group: ProcessGroup, cu_seqlens: Optional[torch.Tensor] = None
+    labels: torch.Tensor,
+    cp_group: dist.ProcessGroup,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(whole labels [b, S], this rank's positions [s_local]) from local labels [b, s_local].
 

@@ -1,4 +1,11 @@
+from collections import OrderedDict
+
 import pytest
+
+from .distributed import GlooWorkers
+
+# Worker groups kept alive at once (each process holds torch, and some Megatron-Core).
+MAX_LIVE_GROUPS = 2
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -6,3 +13,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", "ignore:Transformer Engine and Apex are not installed"
     )
+
+
+@pytest.fixture(scope="session")
+def gloo():
+    """gloo(world_size) -> GlooWorkers of that size, shared by the whole session (a new one
+    after a failure)."""
+    groups: OrderedDict[int, GlooWorkers] = OrderedDict()
+
+    def get(world_size: int) -> GlooWorkers:
+        group = groups.pop(world_size, None)
+        if group is None or not group.alive():
+            if group is not None:
+                group.close()
+            while len(groups) >= MAX_LIVE_GROUPS:
+                groups.popitem(last=False)[1].close()
+            group = GlooWorkers(world_size)
+        groups[world_size] = group
+        return group
+
+    yield get
+    for group in groups.values():
+        group.close()

@@ -1,20 +1,29 @@
-"""Run a test body on several real processes joined by a gloo process group."""
+"""Run test bodies on several real processes joined by a gloo process group.
+
+GlooWorkers keeps a group of processes alive and runs one body after another on all of its ranks,
+so that every check is its own test without paying a spawn (3-5 s) for each; run_distributed
+spawns a fresh group for one call (the Megatron tests, which set up parallel_state).
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
-import socket
-from typing import Any, Callable, Optional
+import queue
+import time
+import traceback
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from del_megatron.cli import free_port
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["GlooWorkers", "free_port", "run_distributed"]
+
+# A rank that waits this long in a collective for a peer that failed gives up.
+COLLECTIVE_TIMEOUT_S = 120
 
 
 def _entry(rank, world_size, port, megatron_tp, megatron_pp, megatron_cp, megatron_vp, fn, args):
@@ -67,3 +76,82 @@ def run_distributed(
         ),
         nprocs=world_size,
     )
+
+
+def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
+    """A worker: join the group, then run (fn, args) tasks until None arrives."""
+    from megatron.core import parallel_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    # Megatron's own CE (compared against) reads its TP group from parallel_state.
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    try:
+        while (task := tasks.get()) is not None:
+            fn, args = task
+            try:
+                fn(*args)
+                results.put((rank, None))
+            except BaseException:  # reported to the test, which fails with it
+                results.put((rank, traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+class GlooWorkers:
+    """`world_size` processes in one gloo group (dist.group.WORLD, also Megatron's tensor-parallel
+    group), reused for many calls."""
+
+    def __init__(self, world_size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.tasks = [ctx.SimpleQueue() for _ in range(world_size)]
+        self.results = ctx.Queue()
+        port = free_port()
+        self.procs = [
+            ctx.Process(
+                target=_serve, args=(rank, world_size, port, self.tasks[rank], self.results)
+            )
+            for rank in range(world_size)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def alive(self) -> bool:
+        return all(proc.is_alive() for proc in self.procs)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 600) -> None:
+        """fn(*args) on every rank; raises AssertionError with the failing ranks' tracebacks.
+        After a failure the workers are closed (a peer may still wait in a collective)."""
+        for tasks in self.tasks:
+            tasks.put((fn, args))
+        errors: Dict[int, str] = {}
+        deadline = time.monotonic() + timeout_s
+        for _ in range(self.world_size):
+            try:
+                rank, error = self.results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                errors[-1] = f"not every rank finished within {timeout_s:.0f} s"
+                break
+            if error is not None:
+                errors[rank] = error
+                # The others finish, or give up in a collective, soon after.
+                deadline = min(deadline, time.monotonic() + COLLECTIVE_TIMEOUT_S + 10)
+        if errors:
+            self.close()
+            report = "\n".join(
+                f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items())
+            )
+            raise AssertionError(f"{fn.__name__}{args} failed:\n{report}")
+
+    def close(self) -> None:
+        for tasks, proc in zip(self.tasks, self.procs, strict=True):
+            if proc.is_alive():
+                tasks.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()

@@ -1,15 +1,19 @@
-"""Bodies of the logits-free path tests; each runs on every rank of a gloo group."""
+"""Bodies of the logits-free path tests; each runs on every rank of a gloo group.
+
+Every check takes (seed,); checks_for(tp) lists those that apply."""
 
 from __future__ import annotations
+
+from typing import List
 
 import torch
 import torch.distributed as dist
 
 import del_megatron as dm
+from del_megatron.loss import LOSSES
 
 from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
 
-LOSSES = ("ce", "del", "ntl_was", "ntl_mse", "dist2")
 SEQ, BATCH, HIDDEN = 23, 3, 16
 
 
@@ -118,7 +122,7 @@ class _RowShardOfReplicated(torch.autograd.Function):
         return torch.cat(pieces, dim=0)
 
 
-def check_sequence_parallel_hidden_refused() -> None:
+def check_sequence_parallel_hidden_refused(seed: int) -> None:
     """A sequence-parallel hidden (seq / tp rows) is refused on every rank with the fix named."""
     world = dist.get_world_size()
     labels = number_rich_labels(BATCH, 4 * world, 0)
@@ -133,9 +137,8 @@ def check_sequence_parallel_hidden_refused() -> None:
         raise AssertionError("a sequence-parallel hidden was not refused")
 
 
-def run_all(seed: int) -> None:
-    check_equals_materialised(seed)
-    check_large_logits(seed)
-    check_gradcheck_float64(seed)
-    if dist.get_world_size() > 1:
-        check_sequence_parallel_hidden_refused()
+def checks_for(tp: int) -> List[str]:
+    names = ["check_equals_materialised", "check_large_logits", "check_gradcheck_float64"]
+    if tp > 1:
+        names.append("check_sequence_parallel_hidden_refused")
+    return names

@@ -1,4 +1,6 @@
-"""Bodies of the context-parallel tests; each runs on every rank of a gloo group (the CP group)."""
+"""Bodies of the context-parallel tests; each runs on every rank of a gloo group (the CP group).
+
+Every check takes (seed,); CHECKS lists them."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import torch.distributed as dist
 from megatron.core.utils import get_batch_on_this_cp_rank
 
 import del_megatron as dm
+from del_megatron.loss import LOSSES, REDUCTIONS
 from del_megatron.sequence import cp_positions
 
 from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for
 
-LOSSES = ("ce", "del", "ntl_was", "ntl_mse", "dist2")
 ALPHA = 0.7
+# The per-token pieces every layout must reproduce.
+PER_TOKEN = ("ce", "term", "is_digit")
 
 
 def long_number_labels(batch: int, seq: int, seed: int) -> torch.Tensor:
@@ -61,7 +65,7 @@ def check_cp_equals_whole_sequence(seed: int) -> None:
     positions = cp_positions(seq // cp, cp, rank)
     assert torch.equal(local["labels"], labels[:, positions])
     for loss in LOSSES:
-        for reduction in ("token", "digit"):
+        for reduction in REDUCTIONS:
             cfg = dm.NumericalLossConfig(
                 loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction=reduction
             )
@@ -82,13 +86,21 @@ def check_cp_equals_whole_sequence(seed: int) -> None:
 
 
 def documents_one_by_one(docs, full, cfg):
-    """LossParts of each document computed alone, concatenated along the packed row."""
+    """{piece: [1, T]} of each document's LossParts computed alone, concatenated along the
+    packed row (PER_TOKEN pieces)."""
     parts, start = [], 0
     for doc in docs:
         end = start + doc.size(1)
         parts.append(dm.numerical_lm_loss(doc, full[start:end], cfg, return_parts=True))
         start = end
-    return [torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("ce", "term", "is_digit")]
+    return {f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in PER_TOKEN}
+
+
+def assert_pieces_equal(parts, expected, positions=slice(None)) -> None:
+    for name in PER_TOKEN:
+        torch.testing.assert_close(
+            getattr(parts, name), expected[name][:, positions], rtol=1e-12, atol=1e-12, msg=name
+        )
 
 
 def check_cp_with_packed_documents(seed: int) -> None:
@@ -112,11 +124,36 @@ def check_cp_with_packed_documents(seed: int) -> None:
             cp_group=dist.group.WORLD,
             cu_seqlens=cu_seqlens,
         )
-        expected = documents_one_by_one(docs, full, cfg)
-        for actual, want in zip(parts, expected, strict=True):
-            torch.testing.assert_close(actual, want[:, positions], rtol=1e-12, atol=1e-12)
+        assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg), positions)
 
 
-def run_all(seed: int) -> None:
-    check_cp_equals_whole_sequence(seed)
-    check_cp_with_packed_documents(seed)
+def check_linear_loss_under_cp_and_packing(seed: int) -> None:
+    """numerical_linear_loss takes cp_group and cu_seqlens as numerical_lm_loss does: the same
+    per-token pieces as the materialised logits of this rank's positions."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    lengths = [2 * cp * k for k in (2, 3)]
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    packed = torch.cat([long_number_labels(1, n, seed + i) for i, n in enumerate(lengths)], dim=1)
+    positions = cp_positions(packed.size(1) // cp, cp, rank, cu_seqlens)
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(packed.size(1), 1, 8, generator=gen, dtype=torch.float64)[positions]
+    weight = torch.randn(PADDED_VOCAB_SIZE, 8, generator=gen, dtype=torch.float64)
+    labels = packed[:, positions]
+    for loss in ("del", "dist2"):
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction="digit")
+        layout = dict(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens)
+        ours = dm.numerical_linear_loss(hidden, weight, labels, cfg, chunk_tokens=5, **layout)
+        want = dm.numerical_lm_loss(labels, hidden @ weight.t(), cfg, **layout)
+        torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-12)
+        parts = dm.numerical_linear_loss(hidden, weight, labels, cfg, return_parts=True, **layout)
+        want_parts = dm.numerical_lm_loss(
+            labels, hidden @ weight.t(), cfg, return_parts=True, **layout
+        )
+        assert_pieces_equal(parts, {f: getattr(want_parts, f) for f in PER_TOKEN})
+
+
+CHECKS = [
+    "check_cp_equals_whole_sequence",
+    "check_cp_with_packed_documents",
+    "check_linear_loss_under_cp_and_packing",
+]

@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-from del_megatron.cli import main
-
-from .distributed import free_port
+from del_megatron.cli import free_port, main
 
 # A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
 TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
@@ -103,9 +101,10 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
 
 
 def test_prepare_bad_input(tmp_path, capsys):
-    out = tmp_path / "data"
-    assert main(["prepare", "--out", str(out), "--corpus", str(tmp_path / "missing.jsonl")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    out = tmp_path / "new" / "data"
+    missing = tmp_path / "missing.jsonl"
+    assert main(["prepare", "--out", str(out), "--corpus", str(missing)]) == 2
+    assert f"corpus '{missing}' does not exist" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     assert main(["prepare", "--out", str(out), "--corpus", str(empty)]) == 2
@@ -116,8 +115,71 @@ def test_prepare_bad_input(tmp_path, capsys):
     assert 'bad.jsonl:2: no "text" string' in capsys.readouterr().err
     assert main(["prepare", "--out", str(out), "--tokenizer", str(tmp_path / "nope.model")]) == 2
     assert "tokenizer" in capsys.readouterr().err
-    leftovers = list(out.glob("*")) if out.exists() else []
-    assert not [p for p in leftovers if p.suffix in (".bin", ".idx")], leftovers
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(b"not a model")
+    assert main(["prepare", "--out", str(out), "--tokenizer", str(garbage)]) == 2
+    err = capsys.readouterr().err
+    assert repr(str(garbage)) in err and ".prepare-" not in err, err  # the user's path
+    assert not (tmp_path / "new").exists()
+
+
+def test_failed_prepare_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A failure after the output folder was made (here: while tokenizing) removes it again."""
+    from del_megatron.demo import data
+
+    def fail(self, text):
+        raise RuntimeError("tokenizing failed")
+
+    monkeypatch.setattr(data.TextTokenizer, "encode", fail)
+    with pytest.raises(RuntimeError, match="tokenizing failed"):
+        data.prepare(str(tmp_path / "a" / "b"), num_docs=50, num_eval=2)
+    assert list(tmp_path.iterdir()) == []
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(RuntimeError, match="tokenizing failed"):
+        data.prepare(str(kept), num_docs=50, num_eval=2)
+    assert list(kept.iterdir()) == []  # a folder the caller made stays, empty
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ("demo --steps -5", "argument --steps: must be positive, got -5"),
+        ("demo --micro-batch 0", "argument --micro-batch: must be positive, got 0"),
+        ("demo --lr -0.1", "argument --lr: must be positive"),
+        ("demo --alpha abc", "argument --alpha: 'abc' is not a float"),
+        ("demo --warmup -1", "argument --warmup: must be non-negative"),
+        ("demo --nproc 0", "argument --nproc: must be positive"),
+        ("demo --hidden 100 --heads 6", "--hidden 100 must be a multiple of --heads 6"),
+        ("demo --nproc 4 --heads 6 --hidden 192", "--heads 6 must be a multiple of --nproc 4"),
+        ("demo --lr 0.001 --min-lr 0.01", "--min-lr 0.01 must not exceed --lr 0.001"),
+        ("demo --losses ce mse", "argument --losses: invalid choice: 'mse'"),
+        ("demo --corpus /no/such.jsonl", "corpus '/no/such.jsonl' does not exist"),
+        ("prepare --out x --num-docs 0", "argument --num-docs: must be positive"),
+        ("prepare --out x --seed -1", "argument --seed: must be non-negative"),
+        ("train --data-dir /no/such --out-dir x", "data dir '/no/such' does not exist"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_launches(tmp_path, capsys, argv, message):
+    argv = argv.split()
+    if argv[0] == "demo":
+        argv += ["--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_imports_no_training_code():
+    code = (
+        "import sys; from del_megatron.cli import main; main(['demo', '--help']); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron' "
+        "or m.startswith(('del_megatron.demo.train', 'del_megatron.demo.data', "
+        "'del_megatron.megatron', 'torch.distributed.run'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--steps STEPS" in proc.stdout
+    assert proc.stdout.strip().endswith("[]"), proc.stdout[-500:]
 
 
 def test_prepare_with_a_jsonl_corpus_and_a_real_tokenizer(tmp_path):

@@ -5,17 +5,22 @@ import torch
 
 import del_megatron as dm
 
+from . import linear_workers
 from .cases import PADDED_VOCAB_SIZE, SPLIT_VOCAB
-from .distributed import run_distributed
-from .linear_workers import run_all
 
 CFG = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
 LABELS = torch.zeros(2, 5, dtype=torch.long)
 
+CASES = [
+    pytest.param(tp, check, id=f"tp{tp}-{check.removeprefix('check_')}")
+    for tp in (1, 2)
+    for check in linear_workers.checks_for(tp)
+]
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_logits_free_equals_materialised(tp):
-    run_distributed(run_all, tp, 4321 + tp)
+
+@pytest.mark.parametrize("tp, check", CASES)
+def test_logits_free_equals_materialised(gloo, tp, check):
+    gloo(tp).run(getattr(linear_workers, check), 4321 + tp)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +50,23 @@ def test_logits_free_equals_materialised(tp):
             "chunk",
         ),
         (torch.randn(5, 2, 4), [[1.0]], LABELS, {}, TypeError, "weight must be a torch.Tensor"),
+        (
+            torch.randn(5, 2, 4),
+            torch.randn(64, 4),
+            LABELS,
+            {"kernel": "softmax"},
+            ValueError,
+            "one kernel, 'linear'",
+        ),
+        (torch.randn(5, 2, 4), torch.randn(64, 4), LABELS, {"kernel": "x"}, ValueError, "one of"),
+        (
+            torch.randn(5, 2, 4),
+            torch.randn(64, 4),
+            LABELS,
+            {"inplace": True},
+            ValueError,
+            "keeps no logits",
+        ),
     ],
 )
 def test_bad_input_is_refused(hidden, weight, labels, kwargs, error, match):
@@ -53,8 +75,8 @@ def test_bad_input_is_refused(hidden, weight, labels, kwargs, error, match):
 
 
 def test_default_chunk_holds_no_more_than_256_mib_of_logits():
-    from del_megatron.linear import default_chunk_rows
+    from del_megatron.kernels.linear import default_chunk_tokens
 
-    assert default_chunk_rows(151936) == 441
-    assert default_chunk_rows(PADDED_VOCAB_SIZE) * PADDED_VOCAB_SIZE * 4 <= 256 * 2**20
-    assert default_chunk_rows(2**40) == 1
+    assert default_chunk_tokens(151936) == 441
+    assert default_chunk_tokens(PADDED_VOCAB_SIZE) * PADDED_VOCAB_SIZE * 4 <= 256 * 2**20
+    assert default_chunk_tokens(2**40) == 1

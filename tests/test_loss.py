@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import del_megatron as dm
+from del_megatron.kernels import resolve_kernel
+from del_megatron.loss import LOSSES
 from del_megatron.reference import reference_lm_loss
 
 from .cases import IGNORE, SPLIT_VOCAB, logits_for, number_rich_labels
@@ -61,7 +63,7 @@ def test_hand_computed_peer_heads():
     assert parts["ntl_mse"] == pytest.approx(2.25)
 
 
-@pytest.mark.parametrize("loss", ["ce", "del", "ntl_was", "ntl_mse", "dist2"])
+@pytest.mark.parametrize("loss", LOSSES)
 def test_gradcheck_float64(loss):
     labels = number_rich_labels(2, 9, seed=3)
     logits = logits_for(9, 2, 64, seed=3).requires_grad_(True)
@@ -240,6 +242,9 @@ def test_outputs_are_contiguous_like_megatrons():
         assert dm.numerical_lm_loss(labels, logits, cfg).is_contiguous()
         parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
         assert all(t.is_contiguous() for t in parts)
+        torch.testing.assert_close(
+            parts.token_loss(cfg.alpha), dm.numerical_lm_loss(labels, logits, cfg)
+        )
 
 
 class _FakeCudaLogits:
@@ -261,11 +266,51 @@ class _FakeCudaLogits:
     ],
 )
 def test_auto_kernel_choice(logits, inplace, expected):
-    from del_megatron.parallel import resolve_kernel
-
     assert resolve_kernel("auto", logits, inplace) == expected
     assert resolve_kernel("softmax", logits, inplace) == "softmax"
     with pytest.raises(ValueError, match="kernel must be one of"):
         resolve_kernel("triton", logits, inplace)
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        dm.NumericalLossConfig(vocab=SPLIT_VOCAB, kernel="fused")
+
+
+@pytest.mark.parametrize(
+    "how, error, match",
+    [
+        (dict(kernel="fused"), ValueError, "kernel must be one of"),
+        (dict(kernel="softmax", chunk_tokens=4), ValueError, "works on all rows at once"),
+        (dict(kernel="recompute", chunk_tokens=0), ValueError, "chunk_tokens must be a positive"),
+        (dict(chunk_tokens=2.5), ValueError, "chunk_tokens must be a positive"),
+    ],
+)
+def test_bad_execution_choices_are_refused(how, error, match):
+    labels, logits = one_token([0.0] * 10, 3)
+    with pytest.raises(error, match=match):
+        dm.numerical_lm_loss(labels, logits, dm.NumericalLossConfig(vocab=VOCAB), **how)
+
+
+@pytest.mark.parametrize("field", ["kernel", "inplace", "validate", "chunk_tokens"])
+def test_config_carries_meaning_only(field):
+    """Execution choices are keyword arguments of the functions, never config fields."""
+    with pytest.raises(TypeError):
+        dm.NumericalLossConfig(vocab=VOCAB, **{field: None})
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 1, 4])
+def test_recompute_chunks_agree_with_the_softmax_kernel(chunk_tokens):
+    labels = number_rich_labels(2, 5, seed=8)
+    full = logits_for(5, 2, 64, seed=8).float()
+    cfg = dm.NumericalLossConfig(alpha=0.5, vocab=SPLIT_VOCAB)
+    results = []
+    for how in (dict(kernel="softmax"), dict(kernel="recompute", chunk_tokens=chunk_tokens)):
+        logits = full.clone().requires_grad_(True)
+        loss = dm.numerical_lm_loss(labels, logits, cfg, **how)
+        loss.sum().backward()
+        results.append((loss.detach(), logits.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-7)
+
+
+def test_loss_parts_is_the_one_name_for_the_pieces():
+    """LossPieces / loss_pieces are the old names of LossParts / loss_parts (the same objects)."""
+    from del_megatron.loss import LossPieces, loss_pieces
+
+    assert LossPieces is dm.LossParts and loss_pieces is dm.loss_parts

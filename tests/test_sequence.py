@@ -6,16 +6,22 @@ import torch
 import del_megatron as dm
 from del_megatron.sequence import cp_positions
 
+from . import sequence_workers
 from .cases import PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for
-from .distributed import run_distributed
-from .sequence_workers import documents_one_by_one, long_number_labels, run_all
+from .sequence_workers import assert_pieces_equal, documents_one_by_one, long_number_labels
 
 POINT, OTHER = 33, 1
 
+CASES = [
+    pytest.param(cp, check, id=f"cp{cp}-{check.removeprefix('check_')}")
+    for cp in (2, 4)
+    for check in sequence_workers.CHECKS
+]
 
-@pytest.mark.parametrize("cp", [2, 4])
-def test_context_parallel_equals_whole_sequence(cp):
-    run_distributed(run_all, cp, 77 + cp)
+
+@pytest.mark.parametrize("cp, check", CASES)
+def test_context_parallel_equals_whole_sequence(gloo, cp, check):
+    gloo(cp).run(getattr(sequence_workers, check), 77 + cp)
 
 
 @pytest.mark.parametrize("separated", [True, False])
@@ -33,8 +39,7 @@ def test_packed_documents_weigh_as_one_by_one(separated):
     for loss in ("del", "dist2", "ntl_was"):
         cfg = dm.NumericalLossConfig(loss=loss, alpha=0.3, vocab=SPLIT_VOCAB)
         parts = dm.numerical_lm_loss(packed, full, cfg, return_parts=True, cu_seqlens=cu_seqlens)
-        for actual, want in zip(parts, documents_one_by_one(docs, full, cfg), strict=True):
-            torch.testing.assert_close(actual, want, rtol=1e-12, atol=1e-12)
+        assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg))
     weights = dm.place_weights(packed, SPLIT_VOCAB)
     one_by_one = torch.cat([dm.place_weights(d, SPLIT_VOCAB) for d in docs], dim=1)
     # Without cu_seqlens the unseparated documents' numbers would join: the test has teeth.

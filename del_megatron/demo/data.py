@@ -1,5 +1,6 @@
 """`prepare`: a number-rich corpus into a Megatron indexed dataset (.bin/.idx) plus held-out
-evaluation problems, written atomically (a failed prepare leaves no .bin that looks valid)."""
+evaluation problems, written atomically: a failed prepare leaves nothing behind (no .bin that
+looks valid, and no folder it created)."""
 
 from __future__ import annotations
 
@@ -44,16 +45,18 @@ def prepare(
         raise ValueError(f"corpus {corpus!r} holds no documents")
     held_out = synthetic(num_eval, seed + 1)
 
+    # Read the user's tokenizer where it is, so that an error names their path, not a copy's.
+    tok = None if tokenizer is None else TextTokenizer(tokenizer)
+    created = _first_missing(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".prepare-", dir=out_dir)
     try:
         if tokenizer is None:
-            tok_path = train_sentencepiece(texts, os.path.join(staging, "tokenizer"))
+            tok = TextTokenizer(train_sentencepiece(texts, os.path.join(staging, "tokenizer")))
         else:
-            tok_path = os.path.join(staging, os.path.basename(os.path.normpath(tokenizer)))
             copy = shutil.copytree if os.path.isdir(tokenizer) else shutil.copyfile
-            copy(tokenizer, tok_path)
-        tok = TextTokenizer(tok_path)
+            copy(tokenizer, os.path.join(staging, os.path.basename(os.path.normpath(tokenizer))))
+        tok_name = os.path.basename(os.path.normpath(tok.path))
         dtype = np.int32 if tok.vocab_size > 65000 else np.uint16
         builder = IndexedDatasetBuilder(os.path.join(staging, PREFIX + ".bin"), dtype=dtype)
         n_tokens = 0
@@ -69,7 +72,7 @@ def prepare(
             "documents": len(texts),
             "tokens": n_tokens,
             "eval_problems": len(held_out),
-            "tokenizer": os.path.basename(tok_path),
+            "tokenizer": tok_name,
             "vocab_size": tok.vocab_size,
             "seed": seed,
             "corpus": os.path.abspath(corpus) if corpus else "synthetic",
@@ -84,8 +87,20 @@ def prepare(
                 shutil.rmtree(target)
             os.replace(os.path.join(staging, name), target)
         return meta
+    except BaseException:
+        if created is not None:  # the folders this call made go again: nothing is left behind
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _first_missing(path: str) -> Optional[str]:
+    """The outermost folder of `path` that does not exist yet (None if `path` exists)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
 
 
 def tokenizer_path(data_dir: str) -> str:

@@ -8,7 +8,7 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Dict, List
 
 import torch
@@ -16,33 +16,11 @@ import torch.distributed as dist
 
 import del_megatron as dm
 
-from .. import megatron as dmm
 from .. import cpu
+from .. import megatron as dmm
+from .config import TrainConfig
 from .data import build_train_dataset, load_eval, tokenizer_path
 from .text_tokenizer import TextTokenizer
-
-
-@dataclass
-class TrainConfig:
-    data_dir: str
-    out_dir: str
-    loss: str = "del"
-    alpha: float = 0.1
-    steps: int = 1000
-    micro_batch: int = 16
-    seq_len: int = 64
-    hidden: int = 192
-    layers: int = 3
-    heads: int = 6
-    lr: float = 2e-3
-    min_lr: float = 2e-4
-    warmup: int = 50
-    seed: int = 1234
-    save_interval: int = 100
-    resume: bool = False
-    stop_after: int = 0  # stop (as if killed) after this many steps; 0: run to the end
-    eval_problems: int = 64
-    progress: bool = True
 
 
 def _build_model(cfg: TrainConfig, vocab_size: int):

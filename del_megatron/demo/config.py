@@ -1,0 +1,40 @@
+"""The demo's training settings: one dataclass that the CLI turns into flags, with the range
+each numeric setting must lie in (checked by argparse before anything launches). No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Ranges of numeric settings: "positive" (> 0) or "non-negative" (>= 0).
+POSITIVE, NON_NEGATIVE = "positive", "non-negative"
+
+
+def _setting(default, bound: str, help: str = ""):
+    return field(default=default, metadata={"bound": bound, "help": help})
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str
+    out_dir: str
+    loss: str = "del"
+    alpha: float = _setting(0.1, NON_NEGATIVE, "weight of the numerical term")
+    steps: int = _setting(1000, POSITIVE, "optimizer steps")
+    micro_batch: int = _setting(16, POSITIVE, "sequences a step")
+    seq_len: int = _setting(64, POSITIVE, "tokens a sequence")
+    hidden: int = _setting(192, POSITIVE, "hidden size (a multiple of --heads)")
+    layers: int = _setting(3, POSITIVE, "transformer layers")
+    heads: int = _setting(6, POSITIVE, "attention heads (a multiple of the TP size)")
+    lr: float = _setting(2e-3, POSITIVE, "peak learning rate")
+    min_lr: float = _setting(2e-4, NON_NEGATIVE, "final learning rate of the cosine decay")
+    warmup: int = _setting(50, NON_NEGATIVE, "warm-up steps (capped at steps / 5)")
+    seed: int = _setting(1234, NON_NEGATIVE, "random seed")
+    save_interval: int = _setting(100, POSITIVE, "steps between checkpoints")
+    resume: bool = False
+    stop_after: int = _setting(0, NON_NEGATIVE, "stop as if killed after this step (0: never)")
+    eval_problems: int = _setting(64, NON_NEGATIVE, "held-out problems to evaluate on")
+    progress: bool = True
+
+
+# Fields that are not flags of their own (the CLI sets them by other means).
+NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress")

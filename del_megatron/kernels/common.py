@@ -1,0 +1,197 @@
+"""What every kernel shares: where this rank's vocab shard sits, the per-row target facts, the
+digit columns, the compute dtype, the chunk size, and the two collectives.
+
+The collectives are the whole communication of the primitive (docs/DEL.md, "Tensor parallel"):
+one MAX all-reduce of the row maxima that also carries +-local_size for the shard-size check,
+and one SUM all-reduce of an [N, 12] buffer (sum of exp | target logit | ten digit logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..vocab import NUM_DIGITS, DigitVocab
+
+# A tensor-parallel group, or None: the logits hold the WHOLE vocabulary (no tensor parallelism).
+# Not Megatron-Core's convention, where None in vocab_parallel_cross_entropy means "the default
+# TP group of parallel_state": port a call site by passing the group explicitly.
+ProcessGroup = Optional["dist.ProcessGroup"]
+
+# Width of the packed SUM buffer: sum of exp, target logit, then the ten digit logits.
+PACKED_WIDTH = 2 + NUM_DIGITS
+SUM_EXP, TARGET_LOGIT, DIGITS = 0, 1, slice(2, PACKED_WIDTH)
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """Where this rank's logits columns sit in the full vocabulary."""
+
+    group: ProcessGroup
+    rank: int
+    world_size: int
+    local_size: int
+
+    @property
+    def start(self) -> int:
+        return self.rank * self.local_size
+
+    @property
+    def end(self) -> int:
+        return self.start + self.local_size
+
+    @property
+    def full_size(self) -> int:
+        return self.world_size * self.local_size
+
+    @classmethod
+    def of(cls, local_size: int, group: ProcessGroup) -> VocabShard:
+        """group None: one shard, the whole vocabulary."""
+        if group is None:
+            return cls(None, 0, 1, local_size)
+        return cls(group, dist.get_rank(group), dist.get_world_size(group), local_size)
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> None:
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=op, group=self.group)
+
+
+@dataclass(frozen=True)
+class DigitColumns:
+    """The digits whose ids fall in this shard: their values k (0..9) and local columns, as
+    Python tuples (indexing with them needs no host sync)."""
+
+    digits: Tuple[int, ...]
+    columns: Tuple[int, ...]
+
+    @classmethod
+    def of(cls, vocab: DigitVocab, shard: VocabShard) -> DigitColumns:
+        pairs = [
+            (k, i - shard.start)
+            for k, i in enumerate(vocab.digit_ids)
+            if shard.start <= i < shard.end
+        ]
+        return cls(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+
+    def write_into(self, packed_digits: torch.Tensor, logits: torch.Tensor) -> None:
+        """packed_digits [N, 10] (zeros) gets this shard's digit logits at their digits."""
+        if self.columns:
+            packed_digits[:, list(self.digits)] = logits[:, list(self.columns)].to(
+                packed_digits.dtype
+            )
+
+    def add_gradient_(self, grad: torch.Tensor, grad_digits: torch.Tensor) -> None:
+        """grad [N, V/tp] += grad_digits [N, 10] at this shard's digit columns."""
+        if self.columns:
+            columns = list(self.columns)
+            grad[:, columns] += grad_digits[:, list(self.digits)].to(grad.dtype)
+
+
+class TargetRows(NamedTuple):
+    """Per-row target facts, each [N]: not ignored, owned by this shard, local column (0 if not)."""
+
+    valid: torch.Tensor
+    in_shard: torch.Tensor
+    local_target: torch.Tensor
+
+    @classmethod
+    def of(
+        cls, target: torch.Tensor, shard: VocabShard, ignore_index: int, validate: bool
+    ) -> TargetRows:
+        """With `validate`, labels outside the whole vocab are refused (one host sync)."""
+        valid = target != ignore_index
+        if validate:
+            check_labels_in_vocab(target, valid, shard.full_size)
+        in_shard = valid & (target >= shard.start) & (target < shard.end)
+        return cls(valid, in_shard, torch.where(in_shard, target - shard.start, 0))
+
+    def rows(self, index: slice) -> TargetRows:
+        return TargetRows(self.valid[index], self.in_shard[index], self.local_target[index])
+
+    def onehot_column(self) -> torch.Tensor:
+        """[N] local target column, -1 where this shard holds no target."""
+        return torch.where(self.in_shard, self.local_target, -1)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Everything a kernel needs besides its tensors; the last argument of every kernel's
+    autograd Function: Kernel.apply(*inputs, target, plan)."""
+
+    shard: VocabShard
+    digits: DigitColumns
+    ignore_index: int
+    validate: bool
+    inplace: bool
+    chunk_tokens: int
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp64 for fp64 inputs (a checking dtype), fp32 for everything else."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def rows_per_chunk(local_vocab: int, chunk_bytes: int) -> int:
+    """Rows of a [rows, local_vocab] fp32 chunk that fit in chunk_bytes (at least one)."""
+    return max(1, chunk_bytes // (4 * local_vocab))
+
+
+def check_chunk_tokens(chunk_tokens) -> int:
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    return chunk_tokens
+
+
+def check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: int) -> None:
+    bad = valid & ((target < 0) | (target >= full_size))
+    if bool(bad.any()):
+        values = target[bad]
+        raise ValueError(
+            f"labels hold ids outside the vocabulary of {full_size} ids (min {int(values.min())}, "
+            f"max {int(values.max())}); mark ignored positions with ignore_index, or check that "
+            "the logits are the whole vocab (tp_group=None) or this rank's shard of it"
+        )
+
+
+def new_maxima(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[N + 2] buffer for global_row_max: row maxima first, two slots for the size check."""
+    return torch.empty(n + 2, dtype=dtype, device=device)
+
+
+def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -> torch.Tensor:
+    """The MAX all-reduce. maxima [N + 2] holds this shard's row maxima in its first N entries;
+    the last two carry +-local_size, so that every rank sees the same shard-size verdict and all
+    of them raise together (no collective is left waiting). Returns the global maxima [N]."""
+    maxima[-2] = shard.local_size
+    maxima[-1] = -shard.local_size
+    shard.all_reduce(maxima, dist.ReduceOp.MAX)
+    if check_sizes and shard.world_size > 1:
+        largest, neg_smallest = maxima[-2].item(), maxima[-1].item()
+        if largest != -neg_smallest:
+            raise ValueError(
+                f"tensor-parallel logits shards disagree in size (between {int(-neg_smallest)} "
+                f"and {int(largest)} columns; this rank has {shard.local_size}): every rank must "
+                "hold an equal contiguous vocab shard, as Megatron's ColumnParallelLinear output "
+                "layer gives (pad the vocab to a multiple of the tensor-parallel size)"
+            )
+    return maxima[:-2]
+
+
+def new_packed(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[N, 12] zeros: sum of exp | target logit | ten digit logits, for sum_packed."""
+    return torch.zeros(n, PACKED_WIDTH, dtype=dtype, device=device)
+
+
+def sum_packed(packed: torch.Tensor, shard: VocabShard) -> None:
+    """The SUM all-reduce: each rank's partial sums of exp, its target logits (0 where another
+    shard holds the target) and its digit logits (0 where another shard holds the digit)."""
+    shard.all_reduce(packed, dist.ReduceOp.SUM)
+
+
+def target_logit(logits: torch.Tensor, rows: TargetRows, dtype: torch.dtype) -> torch.Tensor:
+    """[N] the logit at each row's target on this shard (0 where another shard holds it)."""
+    picked = logits.gather(-1, rows.local_target.unsqueeze(-1)).squeeze(-1)
+    return torch.where(rows.in_shard, picked.to(dtype), 0.0)
