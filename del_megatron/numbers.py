@@ -2,8 +2,10 @@
 
 All functions are vectorised torch over [b, s] labels: no Python loop over tokens, no host sync.
 A *number* is a maximal run of consecutive positions of one row whose labels are digits or
-decimal points (spec/DEL.md). Its first decimal point, unless the run starts with it, splits the
-run into an integer part and a fractional part.
+decimal points (docs/DEL.md). Its first decimal point, unless the run starts with it, splits the
+run into an integer part and a fractional part: DEL's place weights. DIST2Loss groups otherwise:
+only digits form its runs, so a decimal point ends one, and each run is weighed like an integer
+from its last digit.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ class NumberLayout(NamedTuple):
     is_digit:   bool, label is a digit token and not ignored
     int_place:  int64, k >= 1 in an integer part (units k = 1, tens k = 2, ...), else 0
     frac_place: int64, d >= 1 for positions right of the split (first fractional d = 1), else 0
+    run_place:  int64, k >= 1 for digits, counted from the last digit of their run of digits
+                only (DIST2's grouping: a decimal point ends a run; last digit k = 1), else 0
     """
 
     digit: torch.Tensor
     is_digit: torch.Tensor
     int_place: torch.Tensor
     frac_place: torch.Tensor
+    run_place: torch.Tensor
 
 
 def check_label_dtype(labels: torch.Tensor) -> None:
@@ -90,25 +95,40 @@ def number_layout(
 
     run_start = torch.where(starts, pos, 0).cummax(0).values
     big = b * s
-    run_end = torch.where(ends, pos, big).flip(0).cummin(0).values.flip(0)
+    run_end = _next_true(ends, pos, big)
 
     # Split = the run's first decimal point; a run that starts with one has no split (it is an
     # integer), which puts the split one past the run's end.
     flat_point = is_point.reshape(-1)
-    next_point = torch.where(flat_point, pos, big).flip(0).cummin(0).values.flip(0)
+    next_point = _next_true(flat_point, pos, big)
     first_point = next_point[run_start]
     has_split = (first_point <= run_end) & ~flat_point[run_start]
     split = torch.where(has_split, first_point, run_end + 1)
 
     int_place = torch.where(flat_in & (pos < split), split - pos, 0)
     frac_place = torch.where(flat_in & (pos > split), pos - split, 0)
+
+    # DIST2: runs of digits alone. A digit run ends where the next position is no digit (a
+    # decimal point included) or the number run ends.
+    next_digit = torch.zeros_like(is_digit)
+    next_digit[:, :-1] = is_digit[:, 1:]
+    digit_ends = (is_digit & ~(next_digit & next_in)).reshape(-1)
+    run_place = torch.where(is_digit.reshape(-1), _next_true(digit_ends, pos, big) - pos + 1, 0)
+
     digit = torch.where(is_digit, cls, 0)
     return NumberLayout(
         digit=digit,
         is_digit=is_digit,
         int_place=int_place.view(b, s),
         frac_place=frac_place.view(b, s),
+        run_place=run_place.view(b, s),
     )
+
+
+def _next_true(flags: torch.Tensor, pos: torch.Tensor, big: int) -> torch.Tensor:
+    """[n] for every position, the first position at or after it where flags is True (big if
+    none): a reversed running minimum, no Python loop."""
+    return torch.where(flags, pos, big).flip(0).cummin(0).values.flip(0)
 
 
 def select_positions(layout: NumberLayout, positions: torch.Tensor) -> NumberLayout:
@@ -127,16 +147,16 @@ def del_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> tor
 
 
 def dist2_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """DIST2Loss place weights [b, s]: k for the k-th integer place (units 1), 1 for fractional
-    digits, 0 for decimal points and non-digit positions."""
-    weights = torch.where(layout.int_place > 0, layout.int_place.to(dtype), 1.0)
-    return torch.where(layout.is_digit, weights, 0.0)
+    """DIST2Loss place weights [b, s], as its authors' code gives them: k for the k-th digit
+    from the end of its run of digits (a decimal point ends a run, so the fractional digits of
+    3.14159 weigh 5 4 3 2 1), 0 for decimal points and non-digit positions."""
+    return layout.run_place.to(dtype)
 
 
 def place_weights(
     labels: torch.Tensor, vocab: DigitVocab, ignore_index: int = -100
 ) -> torch.Tensor:
-    """DEL place weights float32 [b, s] for labels int64 [b, s] (spec/DEL.md)."""
+    """DEL place weights float32 [b, s] for labels int64 [b, s] (docs/DEL.md)."""
     return del_weights(number_layout(labels, vocab, ignore_index))
 
 

@@ -1,23 +1,24 @@
 """Slow, obvious single-device versions of every loss: the oracles the tests compare against.
 
 Written apart from the fast path: Python-level grouping of numbers, full-vocab log-softmax in
-float64, per-token formulas taken straight from spec/DEL.md. Not for training.
+float64, per-token formulas taken straight from docs/DEL.md. Not for training.
 """
 
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Set
 
 import torch
 import torch.nn.functional as F
 
-from .vocab import DigitVocab
+from .vocab import NUM_DIGITS, DigitVocab
+
+SCHEMES = ("del", "dist2")
 
 
-def _runs(row: List[int], vocab: DigitVocab, ignore_index: int, join_across_ignored: bool):
-    """Lists of positions, one per number of the row."""
-    numeric = set(vocab.digit_ids) | set(vocab.decimal_point_ids)
+def _runs(row: List[int], numeric: Set[int], ignore_index: int, join_across_ignored: bool):
+    """Lists of positions, one per maximal run of labels in `numeric`."""
     runs, current = [], []
     for pos, label in enumerate(row):
         if label == ignore_index and join_across_ignored:
@@ -39,13 +40,24 @@ def reference_place_weights(
     join_across_ignored: bool = False,
     scheme: str = "del",
 ) -> torch.Tensor:
-    """Place weights float64 [b, s]. scheme "del" (spec/DEL.md) or "dist2" (k from the units,
-    1 for fractional digits). join_across_ignored reproduces the public DEL code, which lets a
-    number continue across ignored positions."""
-    points = set(vocab.decimal_point_ids)
+    """Place weights float64 [b, s].
+
+    scheme "del" (docs/DEL.md): a number is a run of digits and decimal points; 2k for the k-th
+    integer place, 1.02^-(d+1) for the d-th fractional digit. scheme "dist2" (its authors'
+    code): a run of digits only, k for the k-th digit from the run's end. join_across_ignored
+    reproduces the public DEL code, which lets a number continue across ignored positions.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    digits, points = set(vocab.digit_ids), set(vocab.decimal_point_ids)
     out = torch.zeros(labels.shape, dtype=torch.float64)
     for r, row in enumerate(labels.tolist()):
-        for run in _runs(row, vocab, ignore_index, join_across_ignored):
+        if scheme == "dist2":
+            for run in _runs(row, digits, ignore_index, join_across_ignored):
+                for i, pos in enumerate(run):
+                    out[r, pos] = float(len(run) - i)
+            continue
+        for run in _runs(row, digits | points, ignore_index, join_across_ignored):
             tokens = [row[p] for p in run]
             split = len(run)
             if tokens[0] not in points:
@@ -57,11 +69,9 @@ def reference_place_weights(
                 if tok in points:
                     continue
                 if i < split:
-                    k = split - i
-                    out[r, pos] = 2.0 * k if scheme == "del" else float(k)
+                    out[r, pos] = 2.0 * (split - i)
                 else:
-                    d = i - split
-                    out[r, pos] = 1.02 ** -(d + 1) if scheme == "del" else 1.0
+                    out[r, pos] = 1.02 ** -(i - split + 1)
     return out
 
 
@@ -71,21 +81,21 @@ def reference_del_token(z: torch.Tensor, g: int) -> torch.Tensor:
     target = torch.zeros_like(z)
     target[g] = 1.0
     bce = F.binary_cross_entropy_with_logits(z, target, reduction="none")
-    return (p_hat * bce).sum() / 10.0
+    return (p_hat * bce).sum() / NUM_DIGITS
 
 
 def reference_ntl_was_token(z: torch.Tensor, g: int) -> torch.Tensor:
     p = torch.softmax(z, dim=0)
-    return sum(abs(k - g) * p[k] for k in range(10))
+    return sum(abs(k - g) * p[k] for k in range(NUM_DIGITS))
 
 
 def reference_ntl_mse_token(z: torch.Tensor, g: int) -> torch.Tensor:
     p = torch.softmax(z, dim=0)
-    return (sum(k * p[k] for k in range(10)) - g) ** 2
+    return (sum(k * p[k] for k in range(NUM_DIGITS)) - g) ** 2
 
 
 def reference_dist2_token(z: torch.Tensor, g: int) -> torch.Tensor:
-    q = torch.tensor([math.exp(-((k - g) ** 2)) for k in range(10)], dtype=z.dtype)
+    q = torch.tensor([math.exp(-((k - g) ** 2)) for k in range(NUM_DIGITS)], dtype=z.dtype)
     q = q / q.sum()
     return F.kl_div(torch.log_softmax(z, dim=0), q, reduction="sum")
 

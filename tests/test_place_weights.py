@@ -1,4 +1,5 @@
-"""place_weights against the table of spec/DEL.md, its run rules, and the reference."""
+"""place_weights against the table of docs/DEL.md, its run rules, and the reference; DIST2's
+place weights against its authors' grouping (docs/DEL.md, "DIST2Loss")."""
 
 import pytest
 import torch
@@ -66,9 +67,41 @@ def test_ignored_labels_weigh_zero_and_other_ignore_index():
     assert dm.place_weights(labels, VOCAB, ignore_index=-1).tolist() == [[2, 0, 2]]
 
 
-def test_dist2_weights_count_places_from_the_units():
-    layout = number_layout(torch.tensor([encode("123.45 6")]), VOCAB)
-    assert dist2_weights(layout)[0].tolist() == [3, 2, 1, 0, 1, 1, 0, 1]
+def dist2_weights_of(text: str):
+    return dist2_weights(number_layout(torch.tensor([encode(text)]), VOCAB))[0].tolist()
+
+
+# DIST2 as its authors ran it: only digits form runs; a '.' ends one, and the fractional digits
+# form their own run, weighed like an integer from its last digit (docs/DEL.md).
+DIST2_TABLE = [
+    ("3.14159", [1, 0, 5, 4, 3, 2, 1]),  # the example of docs/DEL.md
+    ("5", [1]),
+    ("123", [3, 2, 1]),
+    ("12.34", [2, 1, 0, 2, 1]),
+    ("0.5", [1, 0, 1]),
+    ("123.45 6", [3, 2, 1, 0, 2, 1, 0, 1]),
+    ("1.2.3", [1, 0, 1, 0, 1]),
+    (".5", [0, 1]),
+    ("12.", [2, 1, 0]),
+    ("..25", [0, 0, 2, 1]),
+    ("1,234", [1, 0, 3, 2, 1]),  # the second '.' id splits too
+    ("12|34", [2, 1, 0, 2, 1]),  # EOD ends a run
+    ("12_34", [2, 1, 0, 2, 1]),  # so does an ignored label
+]
+
+
+@pytest.mark.parametrize("text,expected", DIST2_TABLE)
+def test_dist2_weights_follow_its_authors_grouping(text, expected):
+    assert dist2_weights_of(text) == expected
+    labels = torch.tensor([encode(text)])
+    assert reference_place_weights(labels, VOCAB, scheme="dist2")[0].tolist() == expected
+
+
+def test_dist2_runs_stop_at_packed_document_starts():
+    labels = torch.tensor([encode("1234")])
+    doc_start = torch.tensor([[True, False, True, False]])
+    layout = number_layout(labels, VOCAB, doc_start=doc_start)
+    assert dist2_weights(layout)[0].tolist() == [2, 1, 2, 1]
 
 
 def test_compat_switch_joins_numbers_across_ignored_positions():
@@ -100,3 +133,5 @@ def test_property_matches_reference(rows):
     layout = number_layout(labels, VOCAB)
     ref_dist2 = reference_place_weights(labels, VOCAB, scheme="dist2")
     torch.testing.assert_close(dist2_weights(layout).double(), ref_dist2, rtol=0, atol=0)
+    public_code = reference_place_weights(labels, VOCAB, scheme="dist2", join_across_ignored=True)
+    assert torch.equal(public_code, ref_dist2) or bool((labels == IGNORE).any())
