@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any, Callable, List, Tuple
 
-from .vocab import DigitVocab
+from .vocab import NUM_DIGITS, DigitVocab
 
 logger = logging.getLogger("del_megatron")
 
@@ -21,9 +21,10 @@ logger = logging.getLogger("del_megatron")
 # boundary marker, e.g. SentencePiece's '_1'); the others check what a real number looks like.
 DIGITS_PROBE = "10123456789"
 NUMBER_PROBES = ("3.14159", "1234567", "x = 42.5")
+DIGIT_STRINGS = tuple(str(d) for d in range(NUM_DIGITS))
 
 
-def _codec(tok: Any) -> Tuple[Callable[[str], List[int]], Callable[[int], str]]:
+def token_codec(tok: Any) -> Tuple[Callable[[str], List[int]], Callable[[int], str]]:
     """(encode text -> ids without special tokens, decode one id -> text) for `tok`."""
     if hasattr(tok, "encode_ordinary") and hasattr(tok, "decode_single_token_bytes"):  # tiktoken
         return tok.encode_ordinary, lambda i: tok.decode_single_token_bytes(i).decode(
@@ -71,7 +72,7 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
     made of multi-digit tokens get no numerical term, and a run's places count tokens)."""
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(os.fspath(tok))
-    encode, decode = _codec(tok)
+    encode, decode = token_codec(tok)
     name = type(tok).__name__
     probe = _pieces(encode, decode, DIGITS_PROBE)
     merged = _merged(probe) + [
@@ -92,14 +93,14 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
             sorted(set(merged))[:5],
         )
         digit_ids = []
-        for d in range(10):
-            single = [i for i, p in _pieces(encode, decode, str(d)) if p == str(d)]
+        for d in DIGIT_STRINGS:
+            single = [i for i, p in _pieces(encode, decode, d) if p == d]
             if len(single) != 1:
                 raise ValueError(f"{name} has no single-digit token for {d!r}")
             digit_ids.append(single[0])
     else:
         tail = probe[1:]
-        if [p for _, p in tail] != [str(d) for d in range(10)]:
+        if tuple(p for _, p in tail) != DIGIT_STRINGS:
             raise ValueError(
                 f"{name} does not tokenize {DIGITS_PROBE!r} into single digits "
                 f"(got {[p for _, p in probe]}); give the ids explicitly with DigitVocab(...)"
@@ -107,13 +108,13 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
         digit_ids = [i for i, _ in tail]
 
     points = set()
-    by_digit = dict(zip(range(10), digit_ids, strict=True))
+    by_digit = dict(zip(DIGIT_STRINGS, digit_ids, strict=True))
     for text in NUMBER_PROBES:
         for i, piece in _pieces(encode, decode, text):
             if piece == ".":
                 points.add(i)
-            elif len(piece) == 1 and piece.isdigit() and i != by_digit[int(piece)]:
-                expected = by_digit[int(piece)]
+            elif piece in by_digit and i != by_digit[piece]:
+                expected = by_digit[piece]
                 raise ValueError(
                     f"{name} gives digit {piece!r} the id {i} in {text!r} but {expected} inside "
                     "numbers: a digit must have one id; give the ids explicitly"

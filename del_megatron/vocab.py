@@ -61,8 +61,12 @@ class DigitVocab:
 
     @classmethod
     def from_tokenizer(cls, tok, allow_multi_digit_tokens: bool = False) -> DigitVocab:
-        """Digit and '.' ids of a SentencePiece, Hugging Face, tiktoken or Megatron tokenizer,
-        checked to split numbers one digit per token (see del_megatron.tokenizers)."""
+        """Digit and '.' ids of a SentencePiece, Hugging Face, tiktoken or Megatron tokenizer
+        (or a tokenizer file's path), checked to split numbers one digit per token.
+
+        The work is del_megatron.tokenizers.digit_vocab_from_tokenizer, which imports this
+        module; it is imported here at call time only, so that vocab.py depends on nothing.
+        """
         from .tokenizers import digit_vocab_from_tokenizer
 
         return digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens)

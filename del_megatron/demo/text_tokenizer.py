@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from ..tokenizers import _codec, load_tokenizer
+from ..tokenizers import load_tokenizer, token_codec
 
 
 class TextTokenizer:
@@ -15,7 +15,7 @@ class TextTokenizer:
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.inner = load_tokenizer(path)
-        self._encode, self._decode_one = _codec(self.inner)
+        self._encode, self._decode_one = token_codec(self.inner)
         if hasattr(self.inner, "eos_id") and self.inner.eos_id() >= 0:  # SentencePiece
             self.eod = self.inner.eos_id()
             self.vocab_size = self.inner.get_piece_size()
