@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 import del_megatron as dm
-from del_megatron import megatron as dmm
 from del_megatron import cpu
+from del_megatron import megatron as dmm
 
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
 
@@ -230,6 +230,55 @@ def check_packed_seq_params_reach_the_hook() -> None:
     assert hook._cu_seqlens() is None
 
 
+def check_model_classes_taking_packed_seq_params() -> None:
+    """register() wraps the forward of every LanguageModule class that takes packed_seq_params
+    (not only GPTModel's) and unregister() restores it; a class defined after register() whose
+    loss would run without its document boundaries is refused, naming the class."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from del_megatron.megatron import hook
+
+    model = build_gpt(1)
+    tokens, labels, positions = number_batch(1, seed=3)  # THD packs documents in one row
+    seen = []
+
+    class EarlyModel(LanguageModule):  # a hybrid-style model: computes its own loss
+        def __init__(self, config, head):
+            super().__init__(config)
+            self.head, self.vocab_size = head, head.vocab_size
+
+        def forward(self, input_ids, labels, packed_seq_params=None):
+            seen.append(hook._cu_seqlens())
+            logits = self.head(input_ids, positions, None).transpose(0, 1)
+            return self.compute_language_model_loss(labels, logits.contiguous())
+
+    original = EarlyModel.forward
+    dmm.register(CFG)
+    try:
+        assert EarlyModel.forward is not original
+        early = EarlyModel(model.config, model)
+        cu = torch.tensor([0, 5, tokens.size(1)])
+        thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu)
+        early(tokens, labels, packed_seq_params=thd)
+        assert seen == [cu]
+
+        class LateModel(EarlyModel):
+            def forward(self, input_ids, labels, packed_seq_params=None):
+                logits = self.head(input_ids, positions, None).transpose(0, 1)
+                return self.compute_language_model_loss(labels, logits.contiguous())
+
+        try:
+            LateModel(model.config, model)(tokens, labels)
+        except RuntimeError as exc:
+            assert "LateModel.forward takes packed_seq_params" in str(exc), exc
+        else:
+            raise AssertionError("a model class defined after register() was not refused")
+    finally:
+        dmm.unregister()
+    assert EarlyModel.forward is original
+
+
 def run_cp_hook_checks() -> None:
     check_hook_passes_the_cp_group()
     check_packed_seq_params_reach_the_hook()
@@ -237,6 +286,8 @@ def run_cp_hook_checks() -> None:
 
 def run_hook_checks(tp: int) -> None:
     check_hook_equals_numerical_lm_loss(tp)
+    if tp == 1:
+        check_model_classes_taking_packed_seq_params()
     check_parallel_output_false(tp)
     check_mtp_goes_through_del(tp)
     check_register_cycle(tp)
