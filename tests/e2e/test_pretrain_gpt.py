@@ -99,7 +99,12 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, varia
     assert resumed.returncode == 0, resumed.log[-3000:]
     assert sorted(resumed.iterations) == list(range(6, 11)), resumed.log[-3000:]
     for key in ("lm loss", "ce loss", "del term", "grad norm"):
-        assert resumed.series(key, 6, 10) == uninterrupted.series(key, 6, 10), key
+        before, after = uninterrupted.series(key, 6, 10), resumed.series(key, 6, 10)
+        assert after[0] == before[0] and after[2:] == before[2:], key
+        # Megatron-LM does not reset its log accumulators after a run's first iteration, so
+        # the resumed run's line 7 (like every run's line 2) is the mean of its steps 6 and 7.
+        if key != "grad norm":
+            assert after[1] == pytest.approx((before[0] + before[1]) / 2, rel=PRINTED), key
 
 
 @tags
