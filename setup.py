@@ -9,17 +9,19 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["del_megatron", "del_megatron.*"]),
-    python_requires=">=3.10,<3.13",
+    # The CPU runtime's start-up hook (a folder for PYTHONPATH, not a package).
+    package_data={"del_megatron.cpu": ["site/sitecustomize.py"]},
+    python_requires=">=3.11,<3.13",
     # torch is not pinned here: NGC images bring their own CUDA build, and a bare `torch`
     # requirement on a fresh machine pulls a multi-GB CUDA wheel. The CPU pins live in
     # tests/requirements-cpu.txt, installed by tests/run.sh.
     install_requires=["torch>=2.1"],
     entry_points={"console_scripts": ["del-megatron=del_megatron.cli:main"]},
     extras_require={
-        "megatron": ["megatron-core>=0.13"],
+        "megatron": ["megatron-core>=0.16"],
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "numpy"],
         "demo": [
-            "megatron-core>=0.13",
+            "megatron-core>=0.16",
             "sentencepiece",
             "tiktoken",
             "tokenizers",
@@ -29,7 +31,6 @@ setup(
         "gpu": ["transformer-engine[pytorch]"],
     },
     classifiers=[
-        "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
     ],
