@@ -134,7 +134,7 @@ def _make_ntloss(vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     words = {f"w{i}": i for i in range(30)}
-    words.update({str(k): 15 + k for k in range(10)})
+    words.update({str(k): i for k, i in enumerate(VOCAB.digit_ids)})
     words["[UNK]"] = 0
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="[UNK]")))
     return NTLoss(tok, vocab_size=vocab_size, digit_level=True, reweigh=False)
@@ -309,7 +309,7 @@ def _time_place_weights(labels, reps: int) -> float:
 
 
 def _spawn(case, phase, reps, names):
-    from tests.distributed import free_port
+    from del_megatron.cli import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

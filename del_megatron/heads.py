@@ -1,4 +1,4 @@
-"""Per-token numerical terms on the ten digit logits ("heads").
+"""Per-token numerical terms on the ten digit logits ("heads"; the formulas are docs/DEL.md).
 
 Every head maps digit logits z [N, 10] (raw LM logits at the digit ids, fp32 or fp64), target
 digits g [N] (int64, 0..9) and place weights w [N] to a per-token term [N]. Rows that are not digit

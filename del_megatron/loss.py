@@ -12,18 +12,13 @@ chunk_tokens) is a keyword argument of the functions below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from .heads import HEADS
-from .kernels import (
-    ProcessGroup,
-    check_kernel,
-    digit_cross_entropy,
-    linear_digit_cross_entropy,
-)
+from .kernels import ProcessGroup, digit_cross_entropy
 from .numbers import (
     NumberLayout,
     check_label_dtype,
@@ -216,6 +211,23 @@ def _compose_parts(
     )
 
 
+def _kernel_parts(
+    inputs: Tuple[torch.Tensor, ...],
+    labels: torch.Tensor,
+    cfg: NumericalLossConfig,
+    tp_group: ProcessGroup,
+    cp_group: ProcessGroup,
+    cu_seqlens: Optional[torch.Tensor],
+    how: dict,
+) -> LossParts:
+    """A kernel's per-token CE and digit logits for `inputs` [s * b, ...] -> LossParts."""
+    target = _flat_target(labels)
+    ce, digit_logits = digit_cross_entropy(
+        inputs, target, _vocab(cfg), tp_group, ignore_index=cfg.ignore_index, **how
+    )
+    return _compose_parts(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
+
+
 def _result(
     parts: LossParts, cfg: NumericalLossConfig, return_parts: bool
 ) -> Union[torch.Tensor, LossParts]:
@@ -229,42 +241,6 @@ def _result(
         )
         parts = parts._replace(term=parts.term * ratio)
     return parts.token_loss(cfg.alpha)
-
-
-def loss_parts(
-    labels: torch.Tensor,
-    logits: torch.Tensor,
-    cfg: NumericalLossConfig,
-    tp_group: ProcessGroup = None,
-    *,
-    cp_group: ProcessGroup = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    kernel: str = "auto",
-    inplace: bool = False,
-    validate: bool = True,
-    chunk_tokens: Optional[int] = None,
-) -> LossParts:
-    """Everything numerical_lm_loss composes its result from (always the "token" pieces: the
-    reduction is not applied); arguments as there."""
-    _check_config(cfg)
-    _check_inputs(labels, logits)
-    s, b, v_local = logits.shape
-    ce, digit_logits = digit_cross_entropy(
-        logits.reshape(s * b, v_local),
-        _flat_target(labels),
-        _vocab(cfg),
-        tp_group,
-        ignore_index=cfg.ignore_index,
-        kernel=kernel,
-        inplace=inplace,
-        validate=validate,
-        chunk_tokens=chunk_tokens,
-    )
-    return _compose_parts(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
-
-
-# The name the Megatron glue first imported.
-loss_pieces = loss_parts
 
 
 def numerical_lm_loss(
@@ -306,19 +282,28 @@ def numerical_lm_loss(
     validate:     check label ids against the vocab (one host sync) and the shard sizes
     chunk_tokens: rows a "recompute"/"compiled" pass converts at once
     """
-    parts = loss_parts(
-        labels,
-        logits,
-        cfg,
-        tp_group,
-        cp_group=cp_group,
-        cu_seqlens=cu_seqlens,
-        kernel=kernel,
-        inplace=inplace,
-        validate=validate,
-        chunk_tokens=chunk_tokens,
-    )
+    _check_config(cfg)
+    _check_inputs(labels, logits)
+    how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
+    inputs = (logits.reshape(-1, logits.size(-1)),)
+    parts = _kernel_parts(inputs, labels, cfg, tp_group, cp_group, cu_seqlens, how)
     return _result(parts, cfg, return_parts)
+
+
+def loss_parts(
+    labels: torch.Tensor,
+    logits: torch.Tensor,
+    cfg: NumericalLossConfig,
+    tp_group: ProcessGroup = None,
+    **how,
+) -> LossParts:
+    """The per-token LossParts numerical_lm_loss composes its result from, before any reduction
+    (numerical_lm_loss(..., return_parts=True)); keyword arguments as there."""
+    return numerical_lm_loss(labels, logits, cfg, tp_group, return_parts=True, **how)
+
+
+# The name the Megatron glue first imported.
+loss_pieces = loss_parts
 
 
 def numerical_linear_loss(
@@ -349,27 +334,10 @@ def numerical_linear_loss(
     no logits to overwrite); anything else is refused.
     """
     _check_config(cfg)
-    if kernel not in ("auto", "linear"):
-        check_kernel(kernel)
-        raise ValueError(
-            f"numerical_linear_loss has one kernel, 'linear' (kernel={kernel!r} needs the "
-            "logits: use numerical_lm_loss for it)"
-        )
-    if inplace:
-        raise ValueError("numerical_linear_loss keeps no logits, so inplace=True has nothing to do")
     _check_linear_inputs(hidden, weight, labels, tp_group)
-    s, b, h = hidden.shape
-    ce, digit_logits = linear_digit_cross_entropy(
-        hidden.reshape(s * b, h),
-        weight,
-        _flat_target(labels),
-        _vocab(cfg),
-        tp_group,
-        ignore_index=cfg.ignore_index,
-        validate=validate,
-        chunk_tokens=chunk_tokens,
-    )
-    parts = _compose_parts(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
+    how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
+    inputs = (hidden.reshape(-1, hidden.size(-1)), weight)
+    parts = _kernel_parts(inputs, labels, cfg, tp_group, cp_group, cu_seqlens, how)
     return _result(parts, cfg, return_parts)
 
 

@@ -1,9 +1,11 @@
 """The vocab-parallel primitive: per-token cross-entropy and the ten digit logits in one pass.
 
-Every kernel computes, from a [N, V/tp] logits shard (rank r holds ids [r * V/tp, (r+1) * V/tp)),
+Every kernel computes, from a [N, V/tp] logits shard (rank r holds ids [r * V/tp, (r+1) * V/tp);
+the linear kernel multiplies the shard out of hidden [N, h] and weight [V/tp, h] chunk by chunk),
 ce [N] and the raw digit logits [N, 10], with the same two collectives (common.py): one MAX
-all-reduce (with the shard-size check) and one SUM all-reduce of [N, 12]. Backward needs none.
-Each kernel is one autograd Function, called as Kernel.apply(*inputs, target, plan).
+all-reduce (with the shard-size check) and one SUM all-reduce of [N, 12]. Backward needs none
+(the linear kernel adds Megatron's SUM of grad_hidden). Each kernel is one autograd Function,
+called as Kernel.apply(*inputs, target, plan); digit_cross_entropy below picks and calls one.
 
 | kernel    | keeps for backward                        | "auto" picks it                       |
 |-----------|-------------------------------------------|---------------------------------------|
@@ -38,6 +40,7 @@ FUNCTIONS = {
     "softmax": SoftmaxDigitCrossEntropy,
     "recompute": RecomputeDigitCrossEntropy,
     "compiled": CompiledDigitCrossEntropy,
+    "linear": LinearDigitCrossEntropy,
 }
 
 
@@ -58,21 +61,36 @@ def resolve_kernel(kernel: str, logits: torch.Tensor, inplace: bool) -> str:
     return "recompute"
 
 
-def _plan(
-    shard: VocabShard,
-    vocab: DigitVocab,
-    ignore_index: int,
-    validate: bool,
-    inplace: bool,
-    chunk_tokens: int,
-) -> KernelPlan:
-    vocab.check_vocab_size(shard.full_size)
-    digits = DigitColumns.of(vocab, shard)
-    return KernelPlan(shard, digits, ignore_index, validate, inplace, chunk_tokens)
+def _linear_kernel(kernel: str, inplace: bool) -> str:
+    """The linear kernel is the only one for (hidden, weight); it has no logits to overwrite."""
+    if kernel not in ("auto", "linear"):
+        check_kernel(kernel)
+        raise ValueError(
+            f"numerical_linear_loss has one kernel, 'linear' (kernel={kernel!r} needs the "
+            "logits: use numerical_lm_loss for it)"
+        )
+    if inplace:
+        raise ValueError("numerical_linear_loss keeps no logits, so inplace=True has nothing to do")
+    return "linear"
+
+
+def _chunk_tokens(kernel: str, chunk_tokens: Optional[int], shard: VocabShard, n: int) -> int:
+    if chunk_tokens is not None:
+        if kernel == "softmax":
+            raise ValueError(
+                "kernel 'softmax' works on all rows at once; chunk_tokens applies to the "
+                "'recompute' and 'compiled' kernels and to numerical_linear_loss"
+            )
+        return check_chunk_tokens(chunk_tokens)
+    if kernel == "recompute":
+        return recompute.default_chunk_tokens(shard.local_size)
+    if kernel == "linear":
+        return linear.default_chunk_tokens(shard.local_size)
+    return max(1, n)
 
 
 def digit_cross_entropy(
-    logits: torch.Tensor,
+    inputs: Tuple[torch.Tensor, ...],
     target: torch.Tensor,
     vocab: DigitVocab,
     tp_group: ProcessGroup = None,
@@ -83,50 +101,29 @@ def digit_cross_entropy(
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-token CE [N] and digit logits [N, 10] from logits [N, V/tp] and targets [N] (int64).
+    """Per-token CE [N] and digit logits [N, 10] for targets [N] (int64).
 
-    tp_group=None: `logits` hold the WHOLE vocab (not "the default TP group"). inplace=True lets
-    the logits be overwritten (by the gradient; with "softmax", fp32 logits by the softmax
-    first) to save one [N, V/tp] buffer. validate checks labels against the vocab (one host
-    sync) and that shard sizes agree. chunk_tokens: rows a pass of "recompute" (default: 8 MiB
-    of fp32) or "compiled" (default: all) converts at once; "softmax" takes all rows at once.
+    inputs: (logits [N, V/tp],), or (hidden [N, h], weight [V/tp, h]) for the linear kernel,
+    which multiplies the logits out chunk by chunk and never holds them whole.
+    tp_group=None: the logits (weight) hold the WHOLE vocab, not "the default TP group".
+    inplace=True lets the logits be overwritten (by the gradient; with "softmax", fp32 logits by
+    the softmax first) to save one [N, V/tp] buffer. validate checks labels against the vocab
+    (one host sync) and that shard sizes agree. chunk_tokens: rows a pass takes at once
+    (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits;
+    "softmax" always takes all rows).
     """
-    shard = VocabShard.of(logits.size(-1), tp_group)
-    kernel = resolve_kernel(kernel, logits, inplace)
-    if chunk_tokens is not None:
-        check_chunk_tokens(chunk_tokens)
-        if kernel == "softmax":
-            raise ValueError(
-                "kernel 'softmax' works on all rows at once; chunk_tokens applies to the "
-                "'recompute' and 'compiled' kernels and to numerical_linear_loss"
-            )
-    elif kernel == "recompute":
-        chunk_tokens = recompute.default_chunk_tokens(shard.local_size)
+    if len(inputs) == 2:
+        kernel = _linear_kernel(kernel, inplace)
+        local_vocab = inputs[1].size(0)
     else:
-        chunk_tokens = max(1, logits.size(0))
-    plan = _plan(shard, vocab, ignore_index, validate, inplace, chunk_tokens)
-    return FUNCTIONS[kernel].apply(logits, target, plan)
-
-
-def linear_digit_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    vocab: DigitVocab,
-    tp_group: ProcessGroup = None,
-    *,
-    ignore_index: int = -100,
-    validate: bool = True,
-    chunk_tokens: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """digit_cross_entropy(hidden @ weight.T, ...) without the logits: hidden [N, h], weight
-    [V/tp, h]; chunk_tokens rows at a time (default: 256 MiB of fp32 logits a chunk)."""
-    shard = VocabShard.of(weight.size(0), tp_group)
-    if chunk_tokens is None:
-        chunk_tokens = linear.default_chunk_tokens(shard.local_size)
-    check_chunk_tokens(chunk_tokens)
-    plan = _plan(shard, vocab, ignore_index, validate, False, chunk_tokens)
-    return LinearDigitCrossEntropy.apply(hidden, weight, target, plan)
+        kernel = resolve_kernel(kernel, inputs[0], inplace)
+        local_vocab = inputs[0].size(-1)
+    shard = VocabShard.of(local_vocab, tp_group)
+    chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, inputs[0].size(0))
+    vocab.check_vocab_size(shard.full_size)
+    digits = DigitColumns.of(vocab, shard)
+    plan = KernelPlan(shard, digits, ignore_index, validate, inplace, chunk_tokens)
+    return FUNCTIONS[kernel].apply(*inputs, target, plan)
 
 
 __all__ = [
@@ -136,6 +133,5 @@ __all__ = [
     "RecomputeDigitCrossEntropy",
     "SoftmaxDigitCrossEntropy",
     "digit_cross_entropy",
-    "linear_digit_cross_entropy",
     "resolve_kernel",
 ]
