@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The image test: builds docker/Dockerfile with its default megatron-core and Megatron-LM versions on
 # a CPU stand-in for the NGC PyTorch base, then runs the image for real, as its non-root user:
-#   1. the smoke step (docker/smoke.py) from the image's working directory, also as another uid
-#      on a mounted output folder;
+#   1. the smoke step (docker/smoke.py) from the image's working directory;
 #   2. Megatron-LM's patched /opt/Megatron-LM/pretrain_gpt.py, --numerical-loss del, on CPU through
-#      docker/launch.sh (DEL_CPU=1), one container as one node (2 processes, TP=2);
+#      docker/launch.sh (DEL_CPU=1), one container as one node (2 processes, TP=2), run as another
+#      uid (docker run --user) that writes its checkpoint into a mounted folder;
 #   3. two containers as two nodes (NNODES=2, 1 process each, TP=2 across them): the same losses;
-#   4. the same with the worker of node 1 killed mid-run: torchrun restarts it, it resumes from the
-#      checkpoint, and every logged iteration has the losses of step 2;
-#   5. the elastic variant (RDZV_ENDPOINT) with two containers: the same losses.
+#   4. two containers with the elastic rendezvous (RDZV_ENDPOINT), node 1's worker killed mid-run:
+#      torchrun restarts the workers, they resume from the checkpoint, and every iteration logged,
+#      before and after the restart, has the losses of step 2.
 #
 #   bash tests/image/run.sh            (as root; about 8 minutes and 12 GB of disk from scratch)
 #
@@ -43,6 +43,11 @@ work=$(cd "$work" && pwd)
 t0=$(date +%s)
 log() { printf '[image-test %4ss] %s\n' "$(($(date +%s) - t0))" "$*"; }
 die() { log "FAILED: $*"; exit 1; }
+wait_port() {  # until something listens on 127.0.0.1:$1
+  local _
+  for _ in $(seq 80); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.25; done
+  die "nothing listens on 127.0.0.1:$1"
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # ---- the engine ---------------------------------------------------------------------------------
@@ -83,8 +88,14 @@ containers=()
 cleanup() {
   local rc=$?
   set +e
-  [ -f "$work/gitd.pid" ] && kill "$(cat "$work/gitd.pid")" 2>/dev/null && rm -f "$work/gitd.pid"
-  for c in "${containers[@]}"; do docker rm -f "$c" >/dev/null 2>&1; done
+  for p in gitd wheels-http; do
+    [ -f "$work/$p.pid" ] && kill "$(cat "$work/$p.pid")" 2>/dev/null && rm -f "$work/$p.pid"
+  done
+  [ -n "${wheels_pid:-}" ] && kill "$wheels_pid" 2>/dev/null
+  for c in "${containers[@]}"; do
+    [ "$keep" = "1" ] && docker logs "$c" >"$work/$c.log" 2>&1
+    docker rm -f "$c" >/dev/null 2>&1
+  done
   if [ "$keep" != "1" ]; then
     if [ "$own_engine" = "1" ]; then
       if [ -f "$work/dockerd.pid" ]; then
@@ -135,11 +146,30 @@ prepare_megatron_lm() {
   git -C "$repo" tag "$mlm_tag"
 }
 
+# torch's wheels (~3 GB, a CUDA build that runs on CPU) for the stand-in's Python (3.13), fetched
+# with the host's pip while the root file system is made; without pip on the host, the stand-in's
+# build fetches them itself.
+torch_version=$(sed -n 's/^ARG TORCH_VERSION=//p' "$here/standin.Dockerfile")
+fetch_wheels() {
+  local platforms=() v
+  for v in $(seq 17 28); do platforms+=(--platform "manylinux_2_${v}_x86_64"); done
+  python3 -m pip download -q --only-binary=:all: --python-version 3.13 --implementation cp \
+    "${platforms[@]}" --platform manylinux2014_x86_64 -d "$work/wheels" \
+    "torch==$torch_version" "numpy<2.5"
+}
+
 # ---- 1. the CPU stand-in for the NGC base ---------------------------------------------------------
-# Megatron-LM's repository is prepared while the root file system is made.
+# Megatron-LM's repository and torch's wheels are prepared while the root file system is made.
 prepare_megatron_lm >"$work/megatron-lm.log" 2>&1 &
 mlm_pid=$!
-if ! docker image inspect "$debian" >/dev/null 2>&1; then
+wheels_pid=
+have_standin=0
+docker image inspect "$standin" >/dev/null 2>&1 && have_standin=1
+if [ "$have_standin" = 0 ] && python3 -m pip --version >/dev/null 2>&1; then
+  fetch_wheels >"$work/wheels.log" 2>&1 &
+  wheels_pid=$!
+fi
+if [ "$have_standin" = 0 ] && ! docker image inspect "$debian" >/dev/null 2>&1; then
   log "mmdebstrap trixie (Python 3.13) | docker import $debian"
   mmdebstrap --quiet --variant=minbase \
     --include=python3,python3-pip,python-is-python3,git,ca-certificates \
@@ -151,18 +181,39 @@ if ! docker image inspect "$debian" >/dev/null 2>&1; then
 fi
 wait "$mlm_pid" || { cat "$work/megatron-lm.log"; die "preparing Megatron-LM $mlm_tag"; }
 
-log "stand-in base $standin (torch from the package index)"
+log "stand-in base $standin (torch $torch_version from the package index)"
 mkdir -p "$work/standin/certs"
 cp "$here/standin.Dockerfile" "$work/standin/Dockerfile"
 # A TLS-intercepting proxy before the package index: its CA certificates go into the image.
 find /usr/local/share/ca-certificates -maxdepth 1 -name '*.crt' -exec cp {} "$work/standin/certs/" \; 2>/dev/null || true
-docker build -q --force-rm --network host --build-arg BASE_IMAGE="$debian" -t "$standin" "$work/standin" >/dev/null
+wheels_url=
+if [ -n "$wheels_pid" ]; then
+  if wait "$wheels_pid"; then
+    wheels_port=$(free_port)
+    python3 -m http.server --bind 127.0.0.1 --directory "$work/wheels" "$wheels_port" \
+      >"$work/wheels-http.log" 2>&1 &
+    echo $! >"$work/wheels-http.pid"
+    wait_port "$wheels_port"
+    wheels_url=http://127.0.0.1:$wheels_port/
+  else
+    log "downloading the wheels on the host failed (see below); the stand-in's build fetches them"
+    tail -5 "$work/wheels.log"
+  fi
+fi
+if [ "$have_standin" = 0 ]; then
+  docker build -q --force-rm --network host --build-arg BASE_IMAGE="$debian" \
+    --build-arg WHEELS_URL="$wheels_url" -t "$standin" "$work/standin" >/dev/null
+fi
+if [ -f "$work/wheels-http.pid" ]; then
+  kill "$(cat "$work/wheels-http.pid")" && rm -f "$work/wheels-http.pid"
+fi
+rm -rf "$work/wheels"
 
 # ---- 2. docker/Dockerfile with its defaults --------------------------------------------------------
 gitd_port=$(free_port)
 git daemon --reuseaddr --listen=127.0.0.1 --port="$gitd_port" --export-all \
   --base-path="$work/git" --pid-file="$work/gitd.pid" >"$work/gitd.log" 2>&1 &
-for _ in $(seq 40); do [ -f "$work/gitd.pid" ] && break; sleep 0.25; done
+wait_port "$gitd_port"
 log "docker build docker/Dockerfile (megatron-core $core_version, Megatron-LM $mlm_tag)"
 tb=$(date +%s)
 docker build --force-rm --network host -f "$root/docker/Dockerfile" \
@@ -183,16 +234,9 @@ mkdir -p "$run"
 chown 1000 "$run"
 
 log "smoke step in a container (the image's user and working directory)"
-out=$(docker run --rm --entrypoint python "$image" /opt/del-megatron/docker/smoke.py)
+out=$(docker run --rm --entrypoint python "$image" /opt/del-megatron/docker/smoke.py 2>/dev/null)
 echo "$out"
 [[ "$out" == *"OK in /workspace/run as uid 1000:"* ]] || die "smoke step"
-mkdir -p "$work/mnt-4321" && chown 4321:4321 "$work/mnt-4321"
-out=$(docker run --rm --user 4321:4321 -v "$work/mnt-4321:/workspace/run" --entrypoint bash "$image" \
-  -c 'python /opt/del-megatron/docker/smoke.py && DEL_CPU=1 /opt/del-megatron/docker/launch.sh --help >/dev/null && echo written > out.txt && echo "HOME ok"')
-echo "$out"
-if [[ "$out" != *"as uid 4321:"*"HOME ok"* ]] || [ ! -f "$work/mnt-4321/out.txt" ]; then
-  die "smoke step as uid 4321"
-fi
 
 iters=40
 pretrain=(/opt/Megatron-LM/pretrain_gpt.py
@@ -202,18 +246,27 @@ pretrain=(/opt/Megatron-LM/pretrain_gpt.py
   --lr-decay-style cosine --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 1024
   --distributed-backend gloo --use-cpu-initialization --no-gradient-accumulation-fusion
   --no-rope-fusion --transformer-impl local --log-interval 1 --eval-iters 0 --eval-interval 1000
-  --numerical-loss del --del-alpha 0.01 --del-digit-token-ids 10 11 12 13 14 15 16 17 18 19)
+  --numerical-loss del --del-alpha 0.01 --del-digit-token-ids 10 11 12 13 14 15 16 17 18 19
+  --ckpt-format torch)
 # MAX_RESTARTS=0: a failure fails the run at once (only the restart run below allows restarts)
 docker_run=(docker run --network host --ipc host -v "$run:/workspace/run" -e DEL_CPU=1
   -e MAX_RESTARTS=0)
 
-# one container: both processes
-log "Megatron-LM pretrain_gpt.py, one container (2 processes, TP=2)"
+# One container, both processes. It runs as another uid (docker run --user, as users do to own
+# what they write) with its output folder mounted: checkpoints land there, and launch.sh finds a
+# home for the caches although that uid has no account in the image.
+log "Megatron-LM pretrain_gpt.py, one container (2 processes, TP=2), as uid 4321"
+mkdir -p "$work/mnt-4321"
+chown 4321:4321 "$work/mnt-4321"
 containers+=(del-image-test-one-node)
-"${docker_run[@]}" --rm --name del-image-test-one-node -e NPROC_PER_NODE=2 \
-  -e MASTER_PORT="$(free_port)" "$image" "${pretrain[@]}" >"$work/one_node.log" 2>&1 ||
-  { tail -40 "$work/one_node.log"; die "one node"; }
+docker run --rm --name del-image-test-one-node --user 4321:4321 --network host --ipc host \
+  -v "$work/mnt-4321:/workspace/run" -e DEL_CPU=1 -e MAX_RESTARTS=0 -e NPROC_PER_NODE=2 \
+  -e MASTER_PORT="$(free_port)" "$image" "${pretrain[@]}" --save /workspace/run/ckpt \
+  --save-interval "$iters" >"$work/one_node.log" 2>&1 || { tail -40 "$work/one_node.log"; die "one node"; }
 python3 "$here/losses.py" --iters "$iters" "$work/one_node.log"
+[ "$(cat "$work/mnt-4321/ckpt/latest_checkpointed_iteration.txt")" = "$iters" ] ||
+  die "one node: no checkpoint of iteration $iters in the mounted folder"
+[ "$(stat -c %u "$work/mnt-4321/ckpt")" = 4321 ] || die "one node: the checkpoint is not uid 4321's"
 
 # two containers as two nodes; $1 names the run, the rest goes to docker run of both
 two_nodes() {
@@ -244,30 +297,35 @@ two_nodes two_nodes -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT="$(free_port)"
 wait_two two_nodes
 python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" "$work"/two_nodes-[01].log
 
-log "two nodes, node 1's worker killed after the checkpoint of iteration 10: restart and resume"
-ckpt=/workspace/run/ckpt-restart
+# Elastic rendezvous, and a worker killed mid-run: torchrun's elastic agents restart the workers of
+# both nodes in a new rendezvous round, and Megatron-LM resumes from the last checkpoint. (With the
+# static rendezvous torchrun restarts the killed node's workers too, but the other node's restarted
+# workers never meet them again: fault tolerance across nodes is the elastic rendezvous' job.)
+log "two containers, elastic rendezvous (RDZV_ENDPOINT, --pid host); node 1's worker killed after the checkpoint of iteration 10"
+ckpt=/workspace/run/ckpt-elastic
 extra=(--save "$ckpt" --load "$ckpt" --save-interval 10)
-two_nodes restart -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT="$(free_port)" -e MAX_RESTARTS=1
-tracker=$run/ckpt-restart/latest_checkpointed_iteration.txt
-for _ in $(seq 1200); do [ -s "$tracker" ] && break; sleep 0.05; done
-[ -s "$tracker" ] || die "restart: no checkpoint after 60 s"
+two_nodes elastic --pid host -e RDZV_ENDPOINT="127.0.0.1:$(free_port)" -e RDZV_ID=image-test \
+  -e MAX_RESTARTS=1
+tracker=$run/ckpt-elastic/latest_checkpointed_iteration.txt
+deadline=$(($(date +%s) + 300))
+until [ -s "$tracker" ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || die "elastic: no checkpoint after 300 s"
+  [ "$(docker inspect -f '{{.State.Running}}' del-image-test-elastic-1)" = true ] ||
+    { wait_two elastic; die "elastic: node 1 ended before its checkpoint"; }
+  sleep 0.05
+done
 # the worker: the child of torchrun's agent in node 1's container (host pids, from docker top)
-worker=$(docker top del-image-test-restart-1 -eo pid,ppid,args | awk '
+worker=$(docker top del-image-test-elastic-1 -eo pid,ppid,args | awk '
   NR > 1 && /torch\.distributed\.run/ { agent = $1 }
   NR > 1 { pid[NR] = $1; ppid[NR] = $2 }
   END { for (i in pid) if (ppid[i] == agent) print pid[i] }' | head -n 1)
-[ -n "$worker" ] || die "restart: no worker process found in node 1"
+[ -n "$worker" ] || die "elastic: no worker process found in node 1"
 kill -9 "$worker"
-log "killed node 1's worker (host pid $worker) after checkpoint $(cat "$tracker")"
-wait_two restart
-python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" --restarted \
-  "$work"/restart-[01].log
-
-log "two containers, elastic rendezvous (RDZV_ENDPOINT; --pid host, see docker/launch.sh)"
-extra=()
-two_nodes elastic --pid host -e RDZV_ENDPOINT="127.0.0.1:$(free_port)" -e RDZV_ID=image-test
+log "killed node 1's worker (host pid $worker) after the checkpoint of iteration $(cat "$tracker")"
 wait_two elastic
-python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" "$work"/elastic-[01].log
+grep -q "exitcode: -9" "$work/elastic-1.log" || die "elastic: torchrun did not see the kill"
+python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" --restarted \
+  "$work"/elastic-[01].log
 
 docker rm "${containers[@]}" >/dev/null
 containers=()

@@ -5,6 +5,9 @@
 ARG BASE_IMAGE=del-megatron-test/debian:trixie
 FROM ${BASE_IMAGE}
 ARG TORCH_VERSION=2.14.1
+# A find-links URL holding torch's wheels (tests/image/run.sh downloads them while it makes the base
+# image, and serves them on 127.0.0.1); empty: from the package index.
+ARG WHEELS_URL=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Extra CA certificates of the build machine (a TLS-intercepting proxy before the package index);
 # the folder may be empty.
@@ -17,5 +20,10 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN update-ca-certificates \
     && rm -f /usr/lib/python3*/EXTERNALLY-MANAGED \
     && useradd --create-home --uid 1000 ubuntu \
-    && pip install "torch==${TORCH_VERSION}" "numpy<2.5" \
+    && if [ -n "${WHEELS_URL}" ]; then \
+           pip install --no-index --find-links "${WHEELS_URL}" --trusted-host 127.0.0.1 \
+               "torch==${TORCH_VERSION}" "numpy<2.5"; \
+       else \
+           pip install "torch==${TORCH_VERSION}" "numpy<2.5"; \
+       fi \
     && python -c "import torch; assert torch.distributed.is_gloo_available(); print('torch', torch.__version__)"
