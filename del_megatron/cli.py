@@ -1,5 +1,7 @@
-"""`del-megatron`: prepare a number-rich Megatron dataset, and run the CPU demo (CE vs DEL).
+"""`del-megatron`: check a tokenizer for DEL, prepare a number-rich Megatron dataset, and run
+the CPU demo (CE vs DEL).
 
+del-megatron check --tokenizer tok.model     # digit ids and the Megatron-LM flags to add
 del-megatron prepare --out data/             # synthetic corpus, trained SentencePiece
 del-megatron demo --out runs/demo            # prepare + train CE and DEL (torchrun, TP=2)
 """
@@ -70,6 +72,14 @@ def _train_flags(args) -> List[str]:
         if f.name not in NOT_FLAGS:
             argv += [_flag(f.name), str(getattr(args, f.name))]
     return argv
+
+
+def _check(args) -> int:
+    from .preflight import check_tokenizer, report
+
+    result = check_tokenizer(args.tokenizer, args.tokenizer_type, args.allow_multi_digit_tokens)
+    print(report(result, args.loss, args.alpha))
+    return 0 if result.ok else 1
 
 
 def _prepare(args) -> int:
@@ -211,6 +221,22 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--num-docs", type=positive, default=20000)
         p.add_argument("--num-eval", type=positive, default=128)
+
+    check = sub.add_parser(
+        "check", help="a tokenizer's digit ids for DEL, and the Megatron-LM flags to add"
+    )
+    check.add_argument(
+        "--tokenizer",
+        "--tokenizer-model",
+        type=_existing("tokenizer", want_file=False),
+        default=None,
+        help="tokenizer file or folder (Megatron-LM's --tokenizer-model)",
+    )
+    check.add_argument("--tokenizer-type", default=None, help="Megatron-LM's --tokenizer-type")
+    check.add_argument("--allow-multi-digit-tokens", action="store_true")
+    check.add_argument("--loss", default="del", choices=[n for n in LOSSES if n != "ce"])
+    check.add_argument("--alpha", type=_number(float, NON_NEGATIVE), default=0.01)
+    check.set_defaults(func=_check)
 
     prep = sub.add_parser("prepare", help="write the corpus as a Megatron indexed dataset")
     prep.add_argument("--out", required=True)

@@ -169,6 +169,21 @@ def test_bad_arguments_are_refused_before_anything_launches(tmp_path, capsys, ar
     assert not (tmp_path / "out").exists()
 
 
+def test_check_prints_the_flags_for_a_tokenizer(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    tok = Path(importlib.util.find_spec("mistral_common").origin).parent / "data/tokenizer.model.v1"
+    assert main(["check", "--tokenizer-model", str(tok), "--alpha", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "one digit per token" in out
+    assert "--numerical-loss del --del-alpha 0.1 --del-digit-token-ids 28734 " in out
+    assert main(["check", "--tokenizer-type", "NullTokenizer"]) == 1
+    assert "--del-digit-token-ids" in capsys.readouterr().out
+    assert main(["check", "--tokenizer", "/no/such.model"]) == 2
+    assert "tokenizer '/no/such.model' does not exist" in capsys.readouterr().err
+
+
 def test_help_imports_no_training_code():
     code = (
         "import sys; from del_megatron.cli import main; main(['demo', '--help']); "
