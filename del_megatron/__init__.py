@@ -3,7 +3,8 @@
 The math is docs/DEL.md. Modules, each importing only those above it:
 vocab (DigitVocab), sequence (CP / packed positions) | kernels/ (the vocab-parallel primitive),
 numbers (place weights), heads (per-token terms), reference (slow oracles), tokenizers (digit ids
-of real tokenizers) | loss (the public entry) | megatron/ (framework glue) | demo/ | cli.
+of real tokenizers), preflight | loss (the public entry) | megatron/ (framework glue), cpu/ |
+demo/ | cli. `python -m tests.test_imports` prints the graph.
 """
 
 from .loss import (
