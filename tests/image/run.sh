@@ -22,6 +22,7 @@
 #   MEGATRON_LM_DIR    a Megatron-LM checkout to build from (a git repository with the tag, or a
 #                      plain tree of that release) [../shared/megatron-lm/<tag>.tar.gz]
 #   DEBIAN_MIRROR      [http://deb.debian.org/debian]
+#   PYTHON312          the host's CPython 3.12 that the stand-in gets [python3.12 on PATH, or pyenv's]
 #   MEGATRON_CORE_VERSION, MEGATRON_LM_TAG   build other releases than the Dockerfile's defaults
 set -euo pipefail
 
@@ -32,7 +33,9 @@ mlm_tag=${MEGATRON_LM_TAG:-$(arg_default MEGATRON_LM_TAG)}
 core_version=${MEGATRON_CORE_VERSION:-$(arg_default MEGATRON_CORE_VERSION)}
 image=del-megatron-test/del-megatron:latest
 standin=del-megatron-test/pytorch-cpu:standin
-debian=del-megatron-test/debian:trixie
+# The stand-in is Debian of the host's release (its C library and the libraries of the Python below)
+suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+debian=del-megatron-test/debian:$suite
 keep=${IMAGE_TEST_KEEP:-0}
 work=${IMAGE_TEST_DIR:-}
 if [ -z "$work" ]; then
@@ -146,19 +149,57 @@ prepare_megatron_lm() {
   git -C "$repo" tag "$mlm_tag"
 }
 
-# torch's wheels (~3 GB, a CUDA build that runs on CPU) for the stand-in's Python (3.13), fetched
+# torch's wheels (~3 GB, a CUDA build that runs on CPU) for the stand-in's Python (3.12), fetched
 # with the host's pip while the root file system is made; without pip on the host, the stand-in's
 # build fetches them itself.
 torch_version=$(sed -n 's/^ARG TORCH_VERSION=//p' "$here/standin.Dockerfile")
 fetch_wheels() {
   local platforms=() v
   for v in $(seq 17 28); do platforms+=(--platform "manylinux_2_${v}_x86_64"); done
-  python3 -m pip download -q --only-binary=:all: --python-version 3.13 --implementation cp \
+  python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" --platform manylinux2014_x86_64 -d "$work/wheels" \
     "torch==$torch_version" "numpy<2.5"
 }
 
 # ---- 1. the CPU stand-in for the NGC base ---------------------------------------------------------
+# Its Python is the host's CPython 3.12 (NGC 25.09 has 3.12; the project supports 3.11 and 3.12, and
+# its py312 test environment uses the same interpreter; Debian has no 3.12 package): the interpreter
+# and its standard library go to /usr/local of a minimal Debian image of the host's release, which
+# gets the Debian packages of the libraries that its extension modules link.
+find_python312() {
+  local c
+  for c in "${PYTHON312:-}" "$(command -v python3.12 || true)" \
+      "$(pyenv root 2>/dev/null || echo /root/.pyenv)"/versions/3.12.*/bin/python3.12 \
+      /usr/local/bin/python3.12; do
+    # (a pyenv shim on PATH may be there and not run)
+    if [ -n "$c" ] && [ -x "$c" ] &&
+        "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+      echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+copy_python() {  # the interpreter, libpython and the standard library into $work/standin/python
+  local py prefix dst=$work/standin/python
+  py=$(find_python312) || die "no CPython 3.12 here (python3.12 on PATH, pyenv's 3.12.x, or PYTHON312)"
+  prefix=$("$py" -c 'import sys; print(sys.base_prefix)')
+  rm -rf "$dst" && mkdir -p "$dst/bin" "$dst/lib"
+  cp -L "$py" "$dst/bin/python3.12"
+  find "$prefix/lib" -maxdepth 1 -name 'libpython3.12*.so*' -exec cp -a {} "$dst/lib/" \;
+  tar -C "$prefix/lib" --exclude=python3.12/test --exclude=python3.12/site-packages \
+    --exclude=python3.12/dist-packages --exclude=python3.12/idlelib --exclude=python3.12/tkinter \
+    --exclude='python3.12/lib-dynload/_tkinter*' --exclude='python3.12/config-*' \
+    -c python3.12 | tar -C "$dst/lib" -x
+  mkdir -p "$dst/lib/python3.12/site-packages"
+  log "stand-in Python: $py ($("$py" -V))"
+}
+lib_packages() {  # the Debian packages of the libraries that the copied Python links, comma-separated
+  find "$work/standin/python" -type f -name '*.so*' -exec ldd {} + 2>/dev/null |
+    awk '/=> \// { print $3 }' | sort -u | while read -r lib; do
+      dpkg -S "$lib" 2>/dev/null || dpkg -S "/usr$lib" 2>/dev/null || true
+    done | cut -d: -f1 | sort -u | paste -sd, -
+}
 # Megatron-LM's repository and torch's wheels are prepared while the root file system is made.
 prepare_megatron_lm >"$work/megatron-lm.log" 2>&1 &
 mlm_pid=$!
@@ -169,13 +210,16 @@ if [ "$have_standin" = 0 ] && python3 -m pip --version >/dev/null 2>&1; then
   fetch_wheels >"$work/wheels.log" 2>&1 &
   wheels_pid=$!
 fi
+if [ "$have_standin" = 0 ]; then
+  copy_python
+fi
 if [ "$have_standin" = 0 ] && ! docker image inspect "$debian" >/dev/null 2>&1; then
-  log "mmdebstrap trixie (Python 3.13) | docker import $debian"
-  mmdebstrap --quiet --variant=minbase \
-    --include=python3,python3-pip,python-is-python3,git,ca-certificates \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+  log "mmdebstrap $suite | docker import $debian"
+  mmdebstrap --quiet --variant=minbase --include="git,ca-certificates,$(lib_packages)" \
+    --dpkgopt=force-unsafe-io --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --aptopt='Acquire::Languages "none"' \
-    trixie - "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" |
+    "$suite" - "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" |
     docker import --change 'CMD ["/bin/bash"]' \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$debian" >/dev/null
 fi
@@ -298,9 +342,9 @@ wait_two two_nodes
 python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" "$work"/two_nodes-[01].log
 
 # Elastic rendezvous, and a worker killed mid-run: torchrun's elastic agents restart the workers of
-# both nodes in a new rendezvous round, and Megatron-LM resumes from the last checkpoint. (With the
-# static rendezvous torchrun restarts the killed node's workers too, but the other node's restarted
-# workers never meet them again: fault tolerance across nodes is the elastic rendezvous' job.)
+# both nodes in a new rendezvous round, and Megatron-LM resumes from the last checkpoint. (Across
+# nodes this is the elastic rendezvous' job: with the static one, in our one try, both nodes
+# restarted their workers but the new workers did not meet within minutes.)
 log "two containers, elastic rendezvous (RDZV_ENDPOINT, --pid host); node 1's worker killed after the checkpoint of iteration 10"
 ckpt=/workspace/run/ckpt-elastic
 extra=(--save "$ckpt" --load "$ckpt" --save-interval 10)
