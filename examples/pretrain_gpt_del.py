@@ -34,6 +34,7 @@ def main() -> None:
         else None,
         lm.add_arguments,
     )
+    lm.help_with_flags(extra)
     builder = getattr(pretrain_gpt, "gpt_builder", None)
     base_provider = pretrain_gpt.model_provider
     if builder is not None:

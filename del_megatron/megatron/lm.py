@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
+import re
 import sys
 from typing import Any, Callable, Iterator, Optional
 
@@ -149,11 +151,25 @@ def install(pretrain_gpt: Any) -> None:
         pretrain_gpt.forward_step = counted_forward_step
 
 
+# "%%" and "%(default)s" are argparse's; a lone "%" is a typo that breaks --help.
+_BARE_PERCENT = re.compile(r"%%|%\(\w+\)[a-z]|%")
+
+
 def help_with_flags(extra_args_provider: Callable, argv: Optional[list] = None) -> None:
     """With -h/--help on the command line, print Megatron-LM's help including the DEL flags and
-    exit (Megatron-LM's inprocess_restart parses the arguments without them first)."""
+    exit (Megatron-LM's inprocess_restart parses the arguments without them first). Help
+    strings with a bare '%' are printed as written: Megatron-LM core_v0.19.0's own
+    --moe-paged-stash-buffer-size-factor-cuda has one, which makes argparse's --help fail."""
     argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        from megatron.training.arguments import parse_args
+    if "-h" not in argv and "--help" not in argv:
+        return
+    from megatron.training.arguments import add_megatron_arguments
 
-        parse_args(extra_args_provider=extra_args_provider)
+    parser = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
+    parser = add_megatron_arguments(parser)
+    parser = extra_args_provider(parser) or parser
+    for action in parser._actions:
+        if action.help:
+            action.help = _BARE_PERCENT.sub(lambda m: m[0] if len(m[0]) > 1 else "%%", action.help)
+    parser.print_help()
+    sys.exit(0)
