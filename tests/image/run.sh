@@ -4,11 +4,12 @@
 #   1. the smoke step (docker/smoke.py) from the image's working directory;
 #   2. Megatron-LM's patched /opt/Megatron-LM/pretrain_gpt.py, --numerical-loss del, on CPU through
 #      docker/launch.sh (DEL_CPU=1), one container as one node (2 processes, TP=2), run as another
-#      uid (docker run --user) that writes its checkpoint into a mounted folder;
-#   3. two containers as two nodes (NNODES=2, 1 process each, TP=2 across them): the same losses;
-#   4. two containers with the elastic rendezvous (RDZV_ENDPOINT), node 1's worker killed mid-run:
-#      torchrun restarts the workers, they resume from the checkpoint, and every iteration logged,
-#      before and after the restart, has the losses of step 2.
+#      uid (docker run --user) that writes its checkpoints into a mounted folder; one worker is
+#      killed after the checkpoint of iteration 10: torchrun restarts the workers, and they resume
+#      from the checkpoint;
+#   3. two containers as two nodes (NNODES=2, 1 process each, TP=2 across them): every `lm loss`
+#      equals the one-node run's, before the kill and after the restart;
+#   4. two containers with the elastic rendezvous (RDZV_ENDPOINT): the same losses.
 #
 #   bash tests/image/run.sh            (as root; about 8 minutes and 12 GB of disk from scratch)
 #
@@ -296,18 +297,45 @@ pretrain=(/opt/Megatron-LM/pretrain_gpt.py
 docker_run=(docker run --network host --ipc host -v "$run:/workspace/run" -e DEL_CPU=1
   -e MAX_RESTARTS=0)
 
-# One container, both processes. It runs as another uid (docker run --user, as users do to own
-# what they write) with its output folder mounted: checkpoints land there, and launch.sh finds a
-# home for the caches although that uid has no account in the image.
-log "Megatron-LM pretrain_gpt.py, one container (2 processes, TP=2), as uid 4321"
+# kill_after_checkpoint CONTAINER TRACKER: once Megatron-LM has written a checkpoint (TRACKER, its
+# latest_checkpointed_iteration.txt), SIGKILL one worker of CONTAINER: a child of torchrun's agent
+# (host pids, from docker top).
+kill_after_checkpoint() {
+  local name=$1 tracker=$2 deadline worker
+  deadline=$(($(date +%s) + 300))
+  until [ -s "$tracker" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "$name: no checkpoint after 300 s"
+    [ "$(docker inspect -f '{{.State.Running}}' "$name")" = true ] ||
+      { docker logs "$name" 2>&1 | tail -30; die "$name ended before its checkpoint"; }
+    sleep 0.05
+  done
+  worker=$(docker top "$name" -eo pid,ppid,args | awk '
+    NR > 1 && /torch\.distributed\.run/ { agent = $1 }
+    NR > 1 { pid[NR] = $1; ppid[NR] = $2 }
+    END { for (i in pid) if (ppid[i] == agent) print pid[i] }' | head -n 1)
+  [ -n "$worker" ] || die "$name: no worker process found"
+  kill -9 "$worker"
+  log "killed a worker of $name (host pid $worker) after the checkpoint of iteration $(cat "$tracker")"
+}
+
+# One container, both processes, one of them killed after the checkpoint of iteration 10: torchrun
+# restarts the workers, they resume from the checkpoint (--load). It runs as another uid (docker run
+# --user, as users do to own what they write) with its output folder mounted: the checkpoints land
+# there, and launch.sh finds a home for the caches although that uid has no account in the image.
+log "Megatron-LM pretrain_gpt.py, one container (2 processes, TP=2) as uid 4321; a worker killed after the checkpoint of iteration 10"
 mkdir -p "$work/mnt-4321"
 chown 4321:4321 "$work/mnt-4321"
 containers+=(del-image-test-one-node)
-docker run --rm --name del-image-test-one-node --user 4321:4321 --network host --ipc host \
-  -v "$work/mnt-4321:/workspace/run" -e DEL_CPU=1 -e MAX_RESTARTS=0 -e NPROC_PER_NODE=2 \
+docker run -d --name del-image-test-one-node --user 4321:4321 --network host --ipc host \
+  -v "$work/mnt-4321:/workspace/run" -e DEL_CPU=1 -e MAX_RESTARTS=1 -e NPROC_PER_NODE=2 \
   -e MASTER_PORT="$(free_port)" "$image" "${pretrain[@]}" --save /workspace/run/ckpt \
-  --save-interval "$iters" >"$work/one_node.log" 2>&1 || { tail -40 "$work/one_node.log"; die "one node"; }
-python3 "$here/losses.py" --iters "$iters" "$work/one_node.log"
+  --load /workspace/run/ckpt --save-interval 10 >/dev/null
+kill_after_checkpoint del-image-test-one-node "$work/mnt-4321/ckpt/latest_checkpointed_iteration.txt"
+rc=$(docker wait del-image-test-one-node)
+docker logs del-image-test-one-node >"$work/one_node.log" 2>&1
+[ "$rc" = 0 ] || { tail -40 "$work/one_node.log"; die "one node: exit $rc"; }
+grep -q "exitcode: -9" "$work/one_node.log" || die "one node: torchrun did not see the kill"
+grep -q "successfully loaded checkpoint" "$work/one_node.log" || die "one node: no resume"
 [ "$(cat "$work/mnt-4321/ckpt/latest_checkpointed_iteration.txt")" = "$iters" ] ||
   die "one node: no checkpoint of iteration $iters in the mounted folder"
 [ "$(stat -c %u "$work/mnt-4321/ckpt")" = 4321 ] || die "one node: the checkpoint is not uid 4321's"
@@ -319,7 +347,7 @@ two_nodes() {
   for r in 0 1; do
     containers+=("del-image-test-$name-$r")
     "${docker_run[@]}" -d --name "del-image-test-$name-$r" -e NNODES=2 -e NPROC_PER_NODE=1 "$@" \
-      -e NODE_RANK=$r "$image" "${pretrain[@]}" "${extra[@]}" >/dev/null
+      -e NODE_RANK=$r "$image" "${pretrain[@]}" >/dev/null
   done
 }
 wait_two() {
@@ -336,40 +364,17 @@ wait_two() {
 }
 
 log "two containers as two nodes (static rendezvous, 1 process each, TP=2 across them)"
-extra=()
 two_nodes two_nodes -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT="$(free_port)"
 wait_two two_nodes
-python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" "$work"/two_nodes-[01].log
+python3 "$here/losses.py" --iters "$iters" "$work"/two_nodes-[01].log
+# The one-node run against it: before the kill, and after the restart and resume
+python3 "$here/losses.py" --iters "$iters" --ref "$work/two_nodes-0.log" --ref "$work/two_nodes-1.log" --restarted \
+  "$work/one_node.log"
 
-# Elastic rendezvous, and a worker killed mid-run: torchrun's elastic agents restart the workers of
-# both nodes in a new rendezvous round, and Megatron-LM resumes from the last checkpoint. (Across
-# nodes this is the elastic rendezvous' job: with the static one, in our one try, both nodes
-# restarted their workers but the new workers did not meet within minutes.)
-log "two containers, elastic rendezvous (RDZV_ENDPOINT, --pid host); node 1's worker killed after the checkpoint of iteration 10"
-ckpt=/workspace/run/ckpt-elastic
-extra=(--save "$ckpt" --load "$ckpt" --save-interval 10)
-two_nodes elastic --pid host -e RDZV_ENDPOINT="127.0.0.1:$(free_port)" -e RDZV_ID=image-test \
-  -e MAX_RESTARTS=1
-tracker=$run/ckpt-elastic/latest_checkpointed_iteration.txt
-deadline=$(($(date +%s) + 300))
-until [ -s "$tracker" ]; do
-  [ "$(date +%s)" -lt "$deadline" ] || die "elastic: no checkpoint after 300 s"
-  [ "$(docker inspect -f '{{.State.Running}}' del-image-test-elastic-1)" = true ] ||
-    { wait_two elastic; die "elastic: node 1 ended before its checkpoint"; }
-  sleep 0.05
-done
-# the worker: the child of torchrun's agent in node 1's container (host pids, from docker top)
-worker=$(docker top del-image-test-elastic-1 -eo pid,ppid,args | awk '
-  NR > 1 && /torch\.distributed\.run/ { agent = $1 }
-  NR > 1 { pid[NR] = $1; ppid[NR] = $2 }
-  END { for (i in pid) if (ppid[i] == agent) print pid[i] }' | head -n 1)
-[ -n "$worker" ] || die "elastic: no worker process found in node 1"
-kill -9 "$worker"
-log "killed node 1's worker (host pid $worker) after the checkpoint of iteration $(cat "$tracker")"
+log "two containers, elastic rendezvous (RDZV_ENDPOINT; --pid host, see docker/launch.sh)"
+two_nodes elastic --pid host -e RDZV_ENDPOINT="127.0.0.1:$(free_port)" -e RDZV_ID=image-test
 wait_two elastic
-grep -q "exitcode: -9" "$work/elastic-1.log" || die "elastic: torchrun did not see the kill"
-python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" --restarted \
-  "$work"/elastic-[01].log
+python3 "$here/losses.py" --iters "$iters" --ref "$work/two_nodes-0.log" --ref "$work/two_nodes-1.log" "$work"/elastic-[01].log
 
 docker rm "${containers[@]}" >/dev/null
 containers=()
