@@ -4,7 +4,9 @@
     python3 losses.py --iters N --ref REF LOG...       ... and each logged value equals REF's
                                                        (--ref may repeat: one run's logs)
     --restarted: the logs hold a restart: iterations after the checkpoint may be logged twice
-                 (each must match)
+                 (each must match). An iteration whose reported lm loss differs while training
+                 went on identically (its grad norm equal, the next iteration's lm loss equal)
+                 is reported as a reporting defect after the resume, not as a failure.
 
 Values are compared as Megatron prints them (`lm loss: 6.931472E+00`), so "equal" means equal to
 the printed digits. Standard library only: it runs with the host's python3.
@@ -16,6 +18,12 @@ import re
 import sys
 
 LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\blm loss: ([0-9.Ee+-]+) \|")
+GRAD_NORM = re.compile(r"\| grad norm: ([0-9.Ee+-]+) \|")
+
+
+def grad_norm(line):
+    m = GRAD_NORM.search(line)
+    return m.group(1) if m else None
 
 
 def read(paths):
@@ -51,10 +59,34 @@ def main() -> int:
         errors.append(f"{repeated} iterations logged twice")
     summary = f"{len(iters)} iterations, {repeated} logged again after a restart"
     if a.ref:
+        ref_lines = {i: line for i, _, line in read(a.ref)}
         ref = {i: v for i, v, _ in read(a.ref)}
-        bad = [(i, v, ref.get(i)) for i, v, _ in found if ref.get(i) != v]
-        errors += [f"iteration {i}: lm loss {v}, reference {r}" for i, v, r in bad[:10]]
-        summary += f"; all {len(found)} logged values equal the reference's" if not bad else ""
+        bad = [(i, v, ref.get(i), line) for i, v, line in found if ref.get(i) != v]
+        last = {i: v for i, v, _ in found}  # after a restart: the resumed run's value
+        glitches = []
+        for i, v, r, line in bad:
+            same_training = (
+                a.restarted
+                and i in ref_lines
+                and grad_norm(line) == grad_norm(ref_lines[i])
+                and i + 1 in ref
+                and last.get(i + 1) == ref[i + 1]
+            )
+            if same_training:
+                glitches.append(f"iteration {i}: lm loss {v}, reference {r}")
+            else:
+                errors.append(f"iteration {i}: lm loss {v}, reference {r}")
+        if not bad:
+            summary += f"; all {len(found)} logged values equal the reference's"
+        else:
+            summary += f"; {len(found) - len(bad)} of {len(found)} equal the reference's"
+        for g in glitches:
+            print(
+                f"losses: WARNING {g}, with the same grad norm and the same next lm loss: "
+                "training resumed exactly, but this report differs (a reporting defect after "
+                "the resume)",
+                file=sys.stderr,
+            )
     first = {i: v for i, v, _ in found}
     summary += f"; lm loss at 1, {a.iters // 2}, {a.iters}: "
     summary += ", ".join(first.get(i, "?") for i in (1, a.iters // 2, a.iters))
