@@ -110,10 +110,12 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, varia
 @tags
 @variants
 def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag, variant):
-    """Same padded vocab (1024), same initial weights; dropout off, since its masks depend on
-    the tensor- and sequence-parallel layout."""
+    """The same initial weights need the same padded vocab: 1023 ids (core 0.16's NullTokenizer
+    adds one for EOD) pad to 1024 at TP 1 and 2, where 1025 would pad to 1152 and 1280. Dropout
+    is off: its masks depend on the tensor- and sequence-parallel layout."""
     trainer = trainers(tag, variant)
-    common = TINY_GPT + MOCK_DATA + DEL + ["--hidden-dropout", "0", "--attention-dropout", "0"]
+    common = TINY_GPT + MOCK_DATA + ["--vocab-size", "1023"] + DEL
+    common += ["--hidden-dropout", "0", "--attention-dropout", "0"]
     tp2 = trainer.run("del-tp2-nodropout", common + TP2)
     tp1 = trainer.run("del-tp1-nodropout", common + ["--tensor-model-parallel-size", "1"], 1)
     sp = trainer.run("del-tp2-sp-nodropout", common + TP2 + ["--sequence-parallel"])

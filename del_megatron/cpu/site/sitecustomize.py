@@ -1,10 +1,10 @@
 """Runs at start-up of every Python process with this folder on PYTHONPATH: with
-DEL_MEGATRON_CPU=1, in a distributed worker (RANK set: torchrun's workers and what they spawn,
-not the torchrun agent), Megatron-LM's training loop runs on CPU (del_megatron.cpu.training)."""
+DEL_MEGATRON_CPU=1, Megatron-LM's training loop runs on CPU in this process and in the ones it
+starts (del_megatron.cpu.training). The torchrun agent gets it too, and never uses it."""
 
 import os
 
-if os.environ.get("DEL_MEGATRON_CPU") == "1" and "RANK" in os.environ:
+if os.environ.get("DEL_MEGATRON_CPU") == "1":
     from del_megatron.cpu.training import activate
 
     activate()
