@@ -1,3 +1,4 @@
+import atexit
 from collections import OrderedDict
 
 import pytest
@@ -32,6 +33,10 @@ def gloo():
         groups[world_size] = group
         return group
 
+    def close_all() -> None:
+        while groups:
+            groups.popitem()[1].close()
+
+    atexit.register(close_all)  # also when the session ends without its teardown
     yield get
-    for group in groups.values():
-        group.close()
+    close_all()

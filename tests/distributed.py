@@ -24,6 +24,8 @@ __all__ = ["GlooWorkers", "free_port", "run_distributed"]
 
 # A rank that waits this long in a collective for a peer that failed gives up.
 COLLECTIVE_TIMEOUT_S = 120
+# After one rank fails, how long the others get to report before the group is closed.
+FAILURE_GRACE_S = 10
 
 
 def _entry(rank, world_size, port, megatron_tp, megatron_pp, megatron_cp, megatron_vp, fn, args):
@@ -78,7 +80,17 @@ def run_distributed(
     )
 
 
-def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
+def _next_task(tasks, parent: int):
+    """The next (fn, args), or None when told to stop or when the test process is gone."""
+    while True:
+        try:
+            return tasks.get(timeout=5)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _serve(rank: int, world_size: int, port: int, tasks, results, parent: int) -> None:
     """A worker: join the group, then run (fn, args) tasks until None arrives."""
     from megatron.core import parallel_state
 
@@ -89,7 +101,7 @@ def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
     # Megatron's own CE (compared against) reads its TP group from parallel_state.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
     try:
-        while (task := tasks.get()) is not None:
+        while (task := _next_task(tasks, parent)) is not None:
             fn, args = task
             try:
                 fn(*args)
@@ -107,14 +119,12 @@ class GlooWorkers:
     def __init__(self, world_size: int) -> None:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
-        self.tasks = [ctx.SimpleQueue() for _ in range(world_size)]
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
-        port = free_port()
+        port, parent = free_port(), os.getpid()
         self.procs = [
-            ctx.Process(
-                target=_serve, args=(rank, world_size, port, self.tasks[rank], self.results)
-            )
-            for rank in range(world_size)
+            ctx.Process(target=_serve, args=(rank, world_size, port, tasks, self.results, parent))
+            for rank, tasks in enumerate(self.tasks)
         ]
         for proc in self.procs:
             proc.start()
@@ -128,22 +138,28 @@ class GlooWorkers:
         for tasks in self.tasks:
             tasks.put((fn, args))
         errors: Dict[int, str] = {}
+        reported = set()
         deadline = time.monotonic() + timeout_s
-        for _ in range(self.world_size):
-            try:
-                rank, error = self.results.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                errors[-1] = f"not every rank finished within {timeout_s:.0f} s"
+        while len(reported) < self.world_size:
+            if time.monotonic() > deadline:
+                silent = sorted(set(range(self.world_size)) - reported)
+                errors[-1] = f"ranks {silent} did not finish in time (waiting in a collective?)"
                 break
+            try:
+                rank, error = self.results.get(timeout=1)
+            except queue.Empty:
+                if not self.alive():
+                    errors[-1] = "a worker process died (see its output above)"
+                    break
+                continue
+            reported.add(rank)
             if error is not None:
                 errors[rank] = error
-                # The others finish, or give up in a collective, soon after.
-                deadline = min(deadline, time.monotonic() + COLLECTIVE_TIMEOUT_S + 10)
+                # Peers that fail too report soon; one left waiting in a collective is killed.
+                deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
         if errors:
             self.close()
-            report = "\n".join(
-                f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items())
-            )
+            report = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(errors.items()))
             raise AssertionError(f"{fn.__name__}{args} failed:\n{report}")
 
     def close(self) -> None:

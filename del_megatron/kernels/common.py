@@ -1,7 +1,7 @@
 """What every kernel shares: where this rank's vocab shard sits, the per-row target facts, the
 digit columns, the compute dtype, the chunk size, and the two collectives.
 
-The collectives are the whole communication of the primitive (docs/DEL.md, "Tensor parallel"):
+The collectives are the whole communication of the primitive (docs/DEL.md, "tensor parallelism"):
 one MAX all-reduce of the row maxima that also carries +-local_size for the shard-size check,
 and one SUM all-reduce of an [N, 12] buffer (sum of exp | target logit | ten digit logits).
 """
