@@ -1,90 +1,199 @@
-"""Megatron-Bridge adapter (written against megatron-bridge 0.3.x, GPTModelProvider.provide(
-pre_process, post_process, vp_stage) and gpt_step.forward_step(state, data_iterator, model,
-return_schedule_plan) returning (output, partial(masked_next_token_loss, loss_mask, ...))).
+"""Megatron-Bridge adapter (tested with megatron-bridge 0.6.2 and megatron-core 0.19.2).
 
-    from megatron.bridge.models import GPTModelProvider
-    from del_megatron.megatron.bridge import numerical_forward_step, with_numerical_loss
+Recipes build the model provider as an instance (`AutoBridge.from_hf_pretrained(...)
+.to_megatron_provider()`, or a recipe's `ConfigContainer.model`). One call turns the numerical
+loss on for it, with the digit ids read from the recipe's tokenizer, and Bridge's own
+`pretrain()` runs with this module's forward step:
 
-    Provider = with_numerical_loss(GPTModelProvider)   # or a model-family provider class
-    provider = Provider(..., numerical_loss="del", del_alpha=0.01,
-                        del_digit_token_ids=[...], del_decimal_point_token_ids=[...])
-    pretrain(config, forward_step_func=numerical_forward_step)
+    from megatron.bridge.recipes.qwen.qwen2 import qwen25_500m_pretrain_config
+    from megatron.bridge.training.gpt_step import forward_step   # not this one
+    from megatron.bridge.training.pretrain import pretrain
+    from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
+
+    cfg = qwen25_500m_pretrain_config()
+    enable_numerical_loss(cfg, loss="del", alpha=0.01, reduction="token")
+    pretrain(cfg, forward_step_func=numerical_forward_step)
+
+The settings live on the model config object that Megatron-Core's GPTModel reads (the provider
+itself, or `ModelConfig.transformer` on Bridge's ModelConfig path) as plain attributes, not as
+dataclass fields. Bridge serialises providers field by field, so `run_config.yaml` keeps the
+provider's own importable, allow-listed `_target_` (e.g. `megatron.bridge.models.qwen...`) and
+no DEL setting: `load_model_config`, `load_megatron_model` and AutoBridge's HF export treat a
+DEL checkpoint exactly as a cross-entropy one.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from functools import partial
-from typing import Callable, List, Optional
+import functools
+from typing import Any, Callable, Iterator, Optional
 
-import torch
+import torch.distributed as dist
 
+from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
-from . import accounting
+from . import state
+from .accounting import DigitAccounting
 from .hook import (
-    FIELD_ALPHA,
-    FIELD_DIGITS,
     FIELD_LOSS,
-    FIELD_POINTS,
-    FIELD_REDUCTION,
     cfg_from_model_config,
     check_model_config,
+    config_fields,
     register,
 )
-from .lm import counted, step_accounting
+from .lm import counted
 from .telemetry import apply_to_loss
 
-PROVIDER_FIELDS = [
-    (FIELD_LOSS, str, dataclasses.field(default="ce")),
-    (FIELD_ALPHA, float, dataclasses.field(default=0.01)),
-    (FIELD_REDUCTION, str, dataclasses.field(default="token")),
-    (FIELD_DIGITS, Optional[List[int]], dataclasses.field(default=None)),
-    (FIELD_POINTS, Optional[List[int]], dataclasses.field(default=None)),
+__all__ = [
+    "enable_numerical_loss",
+    "make_forward_step",
+    "model_config_of",
+    "numerical_forward_step",
+    "step_accounting",
+    "wrap_loss_function",
 ]
 
 
-def with_numerical_loss(provider_cls: type) -> type:
-    """Dataclass subclass of a GPTModelProvider class with the numerical-loss fields
-    (numerical_loss, del_alpha, del_reduction, del_digit_token_ids, del_decimal_point_token_ids)
-    whose provide() checks the CE fusion mode and registers the loss hook."""
-    if not dataclasses.is_dataclass(provider_cls) or not hasattr(provider_cls, "provide"):
-        raise TypeError(f"{provider_cls!r} is not a Megatron-Bridge model provider dataclass")
+def _unwrapped(model: Any) -> Any:
+    """The model inside DDP / Float16Module / a virtual-pipeline list."""
+    if isinstance(model, (list, tuple)):
+        model = model[0]
+    while hasattr(model, "module"):
+        model = model.module
+    return model
 
-    def provide(self, *args, **kwargs):
-        cfg = cfg_from_model_config(self)  # validates the fields
-        if cfg is not None and cfg.loss != "ce":
-            check_model_config(self)
-            register()  # each model reads its own config (this provider) at loss time
-            if cfg.reduction == "digit" and accounting.active() is None:
-                step_accounting(cfg, self).__enter__()  # fed by numerical_forward_step
-        return provider_cls.provide(self, *args, **kwargs)
 
-    return dataclasses.make_dataclass(
-        f"Numerical{provider_cls.__name__}",
-        PROVIDER_FIELDS,
-        bases=(provider_cls,),
-        namespace={"provide": provide},
+def model_config_of(target: Any) -> Any:
+    """The config object Megatron-Core's model will hold as `model.config` for `target`: a
+    Bridge model provider (GPTModelProvider or a family provider) is its own config; Bridge's
+    ModelConfig path (GPTModelConfig) builds `GPTModel(config=target.transformer)`; a
+    ConfigContainer's model is `target.model`."""
+    if hasattr(target, "model") and hasattr(target, "tokenizer") and hasattr(target, "train"):
+        target = target.model  # a ConfigContainer
+    if hasattr(target, "provide"):
+        return target
+    try:
+        transformer = object.__getattribute__(target, "transformer")
+    except AttributeError:
+        transformer = None
+    if transformer is not None and hasattr(target, "get_builder_cls"):
+        return transformer
+    raise TypeError(
+        f"{type(target).__name__} is neither a Megatron-Bridge model provider (provide()), a "
+        "Bridge ModelConfig (with .transformer) nor a ConfigContainer holding one"
     )
 
 
-def set_digit_ids_from_tokenizer(provider, tokenizer, allow_multi_digit_tokens=False) -> None:
-    """Fill del_digit_token_ids / del_decimal_point_token_ids from the run's tokenizer."""
-    vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
-    setattr(provider, FIELD_DIGITS, list(vocab.digit_ids))
-    setattr(provider, FIELD_POINTS, list(vocab.decimal_point_ids))
+def _recipe_tokenizer(target: Any) -> Any:
+    """The tokenizer a ConfigContainer's TokenizerConfig builds (None for other targets)."""
+    config = getattr(target, "tokenizer", None)
+    if config is None or not hasattr(target, "train"):
+        return None
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    return build_tokenizer(config)
 
 
-def wrap_loss_function(loss_function: partial) -> Callable:
-    """Bridge's partial(masked_next_token_loss, loss_mask, ...) with the "digit" reduction and
-    the DEL telemetry entries added to its report."""
-    if not isinstance(loss_function, partial) or not loss_function.args:
+def _vocab_size(config: Any) -> Optional[int]:
+    size = getattr(config, "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def enable_numerical_loss(
+    target: Any,
+    tokenizer: Any = None,
+    *,
+    loss: str = "del",
+    alpha: float = 0.01,
+    reduction: str = "token",
+    vocab: Optional[DigitVocab] = None,
+    allow_multi_digit_tokens: bool = False,
+) -> NumericalLossConfig:
+    """Turn the numerical loss on for a Bridge model provider instance, a Bridge ModelConfig or
+    a recipe's ConfigContainer, and register the loss hook. Returns the NumericalLossConfig.
+
+    The digit ids come from `vocab`, else from `tokenizer` (a Bridge/Megatron, Hugging Face,
+    SentencePiece or tiktoken tokenizer, or a tokenizer file), else from the ConfigContainer's
+    own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
+    applies DEL to single-digit tokens only). A fused cross-entropy that would bypass the loss
+    hook (`cross_entropy_fusion_impl` other than native/te) is refused here, before training.
+
+    With reduction="digit", pass Bridge's forward step through `numerical_forward_step`: it
+    counts each step's digit targets (over all micro-batches and data-parallel ranks) on the
+    first batch of the step. loss="ce" records the settings (the A/B baseline with the same
+    telemetry) and computes plain cross-entropy.
+    """
+    config = model_config_of(target)
+    if vocab is None:
+        if tokenizer is None:
+            tokenizer = _recipe_tokenizer(target)
+        if tokenizer is None:
+            raise ValueError(
+                "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
+                "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
+            )
+        vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
+    cfg = NumericalLossConfig(loss=loss, alpha=alpha, vocab=vocab, reduction=reduction)
+    size = _vocab_size(config)
+    if size is not None:
+        vocab.check_vocab_size(size)
+    check_model_config(config)
+    # Plain attributes, not dataclass fields: Bridge's run_config.yaml, ModelConfig.as_dict and
+    # the HF export serialise fields only, and deepcopy keeps instance attributes.
+    for name, value in config_fields(cfg).items():
+        object.__setattr__(config, name, value)
+    make_accounting = None
+    if cfg.reduction == "digit":
+        make_accounting = functools.partial(step_accounting, cfg)
+    register(None, step_accounting=make_accounting)
+    return cfg
+
+
+def step_accounting(
+    cfg: NumericalLossConfig, model: Any, num_microbatches: Any = None
+) -> DigitAccounting:
+    """The "digit" reduction over a Bridge step. Every Bridge rank reads its own batches from
+    its data iterator (gpt_step.get_batch, whole sequences; CP slices them after), so the counts
+    are summed over the data-parallel group and nothing is broadcast. Groups come from the
+    model's pg_collection (Bridge builds decentralized process groups), else parallel_state."""
+    groups = getattr(_unwrapped(model), "pg_collection", None) if model is not None else None
+    if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp")):
+        dp, dp_cp = groups.dp, groups.dp_cp
+    else:
+        from megatron.core import parallel_state as ps
+
+        dp = ps.get_data_parallel_group()
+        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
+    if num_microbatches is None:
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+        num_microbatches = get_num_microbatches
+    config = getattr(_unwrapped(model), "config", None)
+    return DigitAccounting(
+        cfg.vocab,
+        num_microbatches,
+        group=dp,
+        per_token_loss=bool(getattr(config, "calculate_per_token_loss", False)),
+        ignore_index=cfg.ignore_index,
+        ranks=dist.get_world_size(dp_cp),
+    )
+
+
+def wrap_loss_function(loss_function: Callable) -> Callable:
+    """Bridge's loss function, `partial(masked_next_token_loss, loss_mask, ...)` called with
+    the model's output, with the "digit" reduction applied and the DEL telemetry entries
+    (`ce loss`, `<loss> term`, `digit acc`, `digit tokens`, `digit share`) added to its report,
+    which Bridge sums over micro-batches and data-parallel ranks and logs like `lm loss`."""
+    if not isinstance(loss_function, functools.partial) or not loss_function.args:
         raise TypeError(
             "expected Megatron-Bridge's partial(masked_next_token_loss, loss_mask, ...); got "
             f"{loss_function!r}"
         )
     loss_mask = loss_function.args[0]
 
-    def wrapped(output_tensor: torch.Tensor, *args, **kwargs):
+    @functools.wraps(loss_function.func)
+    def wrapped(output_tensor: Any, *args, **kwargs):
+        if isinstance(output_tensor, tuple):  # (losses, loss_mask) from multimodal models
+            return loss_function(output_tensor, *args, **kwargs)
         return apply_to_loss(
             loss_mask, output_tensor, lambda losses: loss_function(losses, *args, **kwargs)
         )
@@ -92,13 +201,51 @@ def wrap_loss_function(loss_function: partial) -> Callable:
     return wrapped
 
 
+def _check_enabled(model: Any) -> None:
+    """Refuse a model the numerical loss would silently skip: numerical_forward_step was asked
+    for, but neither register(cfg) nor the model's own config names a loss (typically DEL
+    fields set on a Bridge ModelConfig, which GPTModel never sees, or a provider copied with
+    dataclasses.replace, which drops the settings)."""
+    registration = state.current()
+    if registration is not None and registration.cfg is not None:
+        return
+    config = getattr(_unwrapped(model), "config", None)
+    if registration is None or cfg_from_model_config(config) is None:
+        where = "not registered" if registration is None else f"no {FIELD_LOSS} on model.config"
+        raise RuntimeError(
+            f"numerical_forward_step: the numerical loss is off for this model ({where}); turn "
+            "it on with del_megatron.megatron.bridge.enable_numerical_loss(provider_or_config, "
+            "tokenizer, ...) before pretrain() (on Bridge's ModelConfig path it must reach "
+            "ModelConfig.transformer, which is what GPTModel reads)"
+        )
+
+
+def make_forward_step(base_forward_step: Callable) -> Callable:
+    """A Bridge forward step `(state, data_iterator, model, return_schedule_plan=False)` that
+    runs `base_forward_step` (same signature, returning (output, partial(loss_fn, loss_mask,
+    ...))) with the data iterator counted for the step-wide "digit" reduction and the loss
+    function wrapped for the reduction and telemetry."""
+
+    def forward_step(
+        state: Any,
+        data_iterator: Optional[Iterator],
+        model: Any,
+        return_schedule_plan: bool = False,
+    ):
+        _check_enabled(model)
+        data_iterator = counted(data_iterator, model)
+        output, loss_function = base_forward_step(state, data_iterator, model, return_schedule_plan)
+        return output, wrap_loss_function(loss_function)
+
+    forward_step.__doc__ = f"{getattr(base_forward_step, '__name__', 'forward_step')} + DEL"
+    return forward_step
+
+
 def numerical_forward_step(
-    state, data_iterator, model, return_schedule_plan: bool = False, base_forward_step=None
+    state: Any, data_iterator: Optional[Iterator], model: Any, return_schedule_plan: bool = False
 ):
-    """Megatron-Bridge forward_step with del_megatron's loss function wrapper (and, for the
-    "digit" reduction, its data iterator counted a step at a time)."""
-    if base_forward_step is None:
-        from megatron.bridge.training.gpt_step import forward_step as base_forward_step
-    data_iterator = counted(data_iterator)
-    output, loss_function = base_forward_step(state, data_iterator, model, return_schedule_plan)
-    return output, wrap_loss_function(loss_function)
+    """megatron.bridge.training.gpt_step.forward_step with the numerical loss's step-wide
+    "digit" reduction and telemetry; pass it to Bridge's pretrain() as forward_step_func."""
+    from megatron.bridge.training.gpt_step import forward_step
+
+    return make_forward_step(forward_step)(state, data_iterator, model, return_schedule_plan)

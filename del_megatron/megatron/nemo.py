@@ -1,37 +1,145 @@
-"""NeMo 2 adapter (written against NeMo 2.x `nemo.lightning.megatron_parallel`:
-MaskedTokenLossReduction.forward(batch, forward_out) -> (loss, dict) with batch["loss_mask"]).
+"""NeMo 2 adapter (tested with nemo_toolkit 2.7.0, the last release with `nemo.collections.llm`;
+NeMo deprecates that collection in favour of Megatron-Bridge, which is the maintained path:
+see del_megatron.megatron.bridge).
 
-    from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
-    from del_megatron.megatron.nemo import numerical_loss_reduction
+NeMo 2.7.0's `MaskedTokenLossReduction.forward(batch, forward_out)` returns
+`(loss_sum, num_valid_tokens, {"loss_sum_and_ub_size": ...})` per micro-batch and its
+`reduce(outputs)` turns a step's micro-batch dicts into the logged loss. The subclass made here
+keeps both contracts: forward applies the "digit" reduction to the per-token losses before NeMo's
+masked sum, and adds the DEL telemetry as `[sum, count]` entries to the dict; reduce returns
+NeMo's own loss and sums the telemetry over micro-batches and data-parallel ranks (one
+all-reduce), keeps it as `last_telemetry` and logs it through `log` (the LightningModule's
+`log`, when given).
 
-    class MyGPT(llm.GPTModel):
-        @property
-        def training_loss_reduction(self):
-            return numerical_loss_reduction(MaskedTokenLossReduction)()
+    from nemo.collections import llm
+    from del_megatron.megatron.nemo import enable_numerical_loss
 
-The model's config carries the settings (numerical_loss, del_alpha, ... as on a Megatron-Bridge
-provider); call del_megatron.megatron.register() before training.
+    model = llm.GPTModel(config, tokenizer=tokenizer)
+    enable_numerical_loss(model, tokenizer, loss="del", alpha=0.01)
+    llm.train(model, data, trainer, ...)
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from ..loss import NumericalLossConfig
+from ..vocab import DigitVocab
+from .hook import check_model_config, config_fields, register
 from .telemetry import digit_reduced, find, report_entries
+
+TELEMETRY_PREFIX = "del/"
+
+
+def _telemetry_keys(output: Dict[str, Any]) -> list:
+    return sorted(key for key in output if key.startswith(TELEMETRY_PREFIX))
 
 
 def numerical_loss_reduction(reduction_cls: type) -> type:
-    """Subclass of a NeMo MegatronLossReduction whose forward applies the "digit" reduction (in
-    the per-token losses, so NeMo's own masked mean/sum stays as it is) and returns the DEL
-    telemetry under "del_telemetry" ([sum, count] pairs) beside NeMo's own entries."""
+    """Subclass of a NeMo 2 MegatronLossReduction (MaskedTokenLossReduction or a subclass)
+    with the "digit" reduction and the DEL telemetry. Constructor: the base class's arguments
+    plus `log=None`, a callable `log(name, value, **kwargs)` such as LightningModule.log, and
+    `log_prefix` (default "" for training, "val " for a validation_step reduction)."""
 
     class NumericalLossReduction(reduction_cls):
+        def __init__(
+            self, *args, log: Optional[Callable] = None, log_prefix: Optional[str] = None, **kwargs
+        ) -> None:
+            super().__init__(*args, **kwargs)
+            self.log_fn = log
+            validation = bool(getattr(self, "validation_step", False))
+            self.log_prefix = ("val " if validation else "") if log_prefix is None else log_prefix
+            self.last_telemetry: Dict[str, torch.Tensor] = {}
+
         def forward(self, batch, forward_out):
-            rec = find(forward_out)
-            if rec is None:
+            rec = None if isinstance(forward_out, tuple) else find(forward_out)
+            if rec is None:  # not computed by del_megatron (or a (losses, mask) pair)
                 return super().forward(batch, forward_out)
             loss_mask = batch["loss_mask"]
-            loss, reduced = super().forward(batch, digit_reduced(loss_mask, rec))
-            return loss, {**reduced, "del_telemetry": report_entries(loss_mask, rec)}
+            result = super().forward(batch, digit_reduced(loss_mask, rec))
+            *head, reduced = result  # 2.7.0: (loss_sum, num_valid_tokens, dict)
+            entries = {
+                TELEMETRY_PREFIX + name: pair
+                for name, pair in report_entries(loss_mask, rec).items()
+            }
+            return (*head, {**reduced, **entries})
+
+        def reduce(self, losses_reduced_per_micro_batch) -> torch.Tensor:
+            loss = super().reduce(losses_reduced_per_micro_batch)
+            outputs = [x for x in losses_reduced_per_micro_batch or () if _telemetry_keys(x)]
+            if outputs:
+                self.last_telemetry = self._reduce_telemetry(outputs)
+                if self.log_fn is not None:
+                    for name, value in self.last_telemetry.items():
+                        self.log_fn(self.log_prefix + name, value, batch_size=1, prog_bar=False)
+            return loss
+
+        @staticmethod
+        def _reduce_telemetry(outputs) -> Dict[str, torch.Tensor]:
+            """sum / count of every telemetry entry over the step's micro-batches and the
+            data-parallel (x context-parallel) ranks, as NeMo reduces its own loss."""
+            keys = _telemetry_keys(outputs[0])
+            totals = torch.stack(
+                [torch.stack([x[key].float() for key in keys]) for x in outputs]
+            ).sum(dim=0)  # [entries, 2]
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                from megatron.core import parallel_state
+
+                group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+                torch.distributed.all_reduce(totals, group=group)
+            return {
+                key[len(TELEMETRY_PREFIX) :]: total[0] / total[1]
+                for key, total in zip(keys, totals, strict=True)
+            }
 
     NumericalLossReduction.__name__ = f"Numerical{reduction_cls.__name__}"
     NumericalLossReduction.__qualname__ = NumericalLossReduction.__name__
     return NumericalLossReduction
+
+
+def enable_numerical_loss(
+    model: Any,
+    tokenizer: Any = None,
+    *,
+    loss: str = "del",
+    alpha: float = 0.01,
+    reduction: str = "token",
+    vocab: Optional[DigitVocab] = None,
+    allow_multi_digit_tokens: bool = False,
+) -> NumericalLossConfig:
+    """Turn the numerical loss on for a NeMo 2 `llm.GPTModel` (or any LightningModule with a
+    TransformerConfig `config` and NeMo's `training_loss_reduction` / `validation_loss_reduction`
+    properties): the settings go on `model.config` (which Megatron-Core's GPTModel reads) as
+    plain attributes, both loss reductions become the DEL ones (logging through `model.log`),
+    and the loss hook is registered. Digit ids come from `vocab`, else `tokenizer`, else
+    `model.tokenizer` (NeMo's tokenizers wrap a Hugging Face or SentencePiece one).
+
+    The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
+    normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
+    and Megatron-LM's."""
+    if vocab is None:
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
+        if tokenizer is None:
+            raise ValueError("enable_numerical_loss needs the tokenizer or vocab=DigitVocab(...)")
+        try:
+            vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
+        except TypeError:
+            if inner is None:
+                raise
+            vocab = DigitVocab.from_tokenizer(inner, allow_multi_digit_tokens)
+    cfg = NumericalLossConfig(loss=loss, alpha=alpha, vocab=vocab, reduction=reduction)
+    config = model.config
+    check_model_config(config)
+    for name, value in config_fields(cfg).items():
+        object.__setattr__(config, name, value)
+    from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
+
+    reduction_cls = numerical_loss_reduction(MaskedTokenLossReduction)
+    log = getattr(model, "log", None)
+    model._training_loss_reduction = reduction_cls(log=log)
+    model._validation_loss_reduction = reduction_cls(validation_step=True, log=log)
+    register(None)
+    return cfg

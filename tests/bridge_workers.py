@@ -1,0 +1,408 @@
+"""Megatron-Bridge 0.6.2 and NeMo 2.7.0 checks, run in a fresh process each (python -m
+tests.bridge_workers <check> <out.json>): Bridge's import alone takes a minute on 2 cores, and
+the CPU shim changes torch.cuda for the process, so the pytest process stays clean.
+
+The one stand-in: Transformer Engine, which cannot be installed without CUDA. Importing
+`megatron.bridge` at all runs `megatron/bridge/peft/lora_layers.py`, whose first line is
+`import transformer_engine.pytorch as te` (LoRA's fused TE branches). `without_transformer_engine`
+runs that one module, unmodified, with `transformer_engine` resolved to an inert placeholder in
+its namespace only: nothing enters sys.modules, so Megatron-Core still sees no Transformer Engine
+(HAVE_TE False) and every other module imports as it would on a CPU install. Every placeholder
+raises when called (LoRA's TE paths), and isinstance against one is False.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Dict
+
+import torch
+
+NEEDS_TRANSFORMER_ENGINE = ("megatron.bridge.peft.lora_layers",)
+SEQ = 16
+ALPHA = 0.5
+VOCAB = 256
+
+
+class _Absent(type):
+    """A Transformer Engine name: attributes are more placeholders, calls raise."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Absent(name, (), {})
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError(f"Transformer Engine is not installed ({cls.__name__} was called)")
+
+
+_TE = _Absent("transformer_engine", (), {})
+
+
+def _import_with_te_placeholder(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and name.split(".")[0] == "transformer_engine":
+        return _TE
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, real: importlib.abc.Loader) -> None:
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        module.__builtins__ = {**vars(builtins), "__import__": _import_with_te_placeholder}
+        exec(self.real.get_code(module.__name__), vars(module))
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in NEEDS_TRANSFORMER_ENGINE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None:
+            spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def without_transformer_engine() -> None:
+    """Let `megatron.bridge` import on a machine without Transformer Engine (see above)."""
+    try:
+        import transformer_engine  # noqa: F401
+
+        return  # the real one
+    except ImportError:
+        pass
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared set-up: one gloo rank, Megatron-Core on CPU, a tiny Qwen2-class provider from AutoBridge.
+
+
+def init_single_rank() -> None:
+    import torch.distributed as dist
+
+    from del_megatron import cpu
+    from del_megatron.cli import free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    cpu.install()
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(1, 1)
+    cpu.seed(1234)
+
+
+def digit_tokenizer_dir(folder: str) -> str:
+    """A Hugging Face tokenizer (tokenizer.json + config) that splits numbers into digits, with
+    ids < VOCAB, saved where Bridge's TokenizerConfig(tokenizer_type="HuggingFaceTokenizer") can
+    load it offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>"] + [str(d) for d in range(10)] + [".", "=", "+", "x", "is", "the"]
+    words += [f"w{i}" for i in range(40)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    path = os.path.join(folder, "tokenizer")
+    fast.save_pretrained(path)
+    return path
+
+
+def tiny_hf_config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        architectures=["Qwen2ForCausalLM"],
+    )
+
+
+def tiny_provider(bridge):
+    """The recipe flow: AutoBridge -> provider INSTANCE, then CPU-friendly settings (no TE)."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    provider = bridge.to_megatron_provider(load_weights=False)
+    provider.transformer_layer_spec = local_layer_spec
+    provider.transformer_impl = "local"
+    provider.attention_backend = "local"
+    provider.seq_length = SEQ
+    provider.use_cpu_initialization = True
+    provider.params_dtype = torch.float32
+    return provider
+
+
+def batches(n: int, seed: int = 0):
+    """Micro-batches with numbers in them (ids 2..11 are the digits, 12 the '.')."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        tokens = torch.randint(0, 20, (2, SEQ + 1), generator=g)
+        loss_mask = torch.ones(2, SEQ)
+        loss_mask[1, -3:] = 0
+        out.append(
+            {
+                "tokens": tokens[:, :-1].contiguous(),
+                "labels": tokens[:, 1:].contiguous(),
+                "loss_mask": loss_mask,
+                "position_ids": torch.arange(SEQ).expand(2, SEQ).contiguous(),
+                "attention_mask": None,
+            }
+        )
+    return out
+
+
+def reference_parts(model, batch, vocab) -> Dict[str, Any]:
+    """Per-token CE and DEL term of the same model's logits, from del_megatron.reference
+    (full-vocab float64), independent of the hook and the kernels."""
+    from del_megatron.reference import reference_lm_loss
+
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None
+        )  # [b, s, V] without labels
+    ce, term = reference_lm_loss(batch["labels"], logits.transpose(0, 1), vocab, "del", ALPHA)
+    return {"ce": ce, "term": term}
+
+
+def global_state(provider):
+    from megatron.bridge.recipes.common import _pretrain_common
+    from megatron.bridge.training.state import GlobalState
+
+    cfg = _pretrain_common()
+    cfg.model = provider
+    state = GlobalState()
+    state.cfg = cfg
+    return state
+
+
+def _floats(report: dict) -> dict:
+    return {k: [float(x) for x in v] for k, v in report.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_bridge(out: str) -> None:
+    """The recipe flow through the real GPTModelProvider, gpt_step.forward_step and
+    run_config.yaml round trip; results to `out` for the test to compare."""
+    without_transformer_engine()
+    init_single_rank()
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    from del_megatron.cpu.training import CudaOnCpu
+    from del_megatron.megatron import unregister
+    from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
+
+    result: Dict[str, Any] = {}
+    folder = tempfile.mkdtemp()
+    tok_cfg = TokenizerConfig(
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=digit_tokenizer_dir(folder)
+    )
+    tokenizer = build_tokenizer(tok_cfg)
+    result["tokenizer_digit_ids"] = [tokenizer.tokenize(str(d))[0] for d in range(10)]
+
+    bridge = AutoBridge.from_hf_config(tiny_hf_config())
+    provider = tiny_provider(bridge)
+    result["provider_class"] = f"{type(provider).__module__}.{type(provider).__qualname__}"
+    cfg = enable_numerical_loss(provider, tokenizer, loss="del", alpha=ALPHA, reduction="token")
+    result["digit_ids"] = list(cfg.vocab.digit_ids)
+    result["point_ids"] = list(cfg.vocab.decimal_point_ids)
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)[0]
+    state = global_state(provider)
+
+    # 1. token reduction: one micro-batch through the real forward_step.
+    (batch,) = batches(1)
+    ref = reference_parts(model, batch, cfg.vocab)
+    with CudaOnCpu():  # gpt_step moves the batch with .cuda(non_blocking=True)
+        output, loss_function = numerical_forward_step(state, iter([dict(batch)]), model)
+        loss_sum, num_tokens, report = loss_function(output)
+    mask = batch["loss_mask"].double()
+    result["token"] = {
+        "loss_sum": float(loss_sum),
+        "num_tokens": int(num_tokens),
+        "report": _floats(report),
+        "ref_ce_sum": float((ref["ce"] * mask).sum()),
+        "ref_term_sum": float((ref["term"] * mask).sum()),
+        "ref_digits": float(
+            ((batch["labels"] >= 2) & (batch["labels"] <= 11)).double().mul(mask).sum()
+        ),
+        "ref_tokens": float(mask.sum()),
+    }
+
+    # 2. digit reduction over a step of 2 micro-batches (step accounting made on the first
+    #    forward step, from the model's process groups); Megatron normalises each micro-batch by
+    #    its tokens and the number of micro-batches.
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+
+    init_num_microbatches_calculator(0, None, 4, 2, 1)  # 2 micro-batches of 2
+    enable_numerical_loss(provider, tokenizer, loss="del", alpha=ALPHA, reduction="digit")
+    step = batches(2, seed=1)
+    iterator = iter([dict(b) for b in step])
+    normalised = 0.0
+    with CudaOnCpu():
+        for _ in step:
+            output, loss_function = numerical_forward_step(state, iterator, model)
+            loss_sum, num_tokens, report = loss_function(output)
+            normalised += float(loss_sum) / float(num_tokens) / 2
+    refs = [reference_parts(model, b, cfg.vocab) for b in step]
+    masks = [b["loss_mask"].double() for b in step]
+    digits = sum(
+        float((((b["labels"] >= 2) & (b["labels"] <= 11)).double() * m).sum())
+        for b, m in zip(step, masks, strict=True)
+    )
+    ce_means = [float((r["ce"] * m).sum() / m.sum()) for r, m in zip(refs, masks, strict=True)]
+    term_sum = sum(float((r["term"] * m).sum()) for r, m in zip(refs, masks, strict=True))
+    result["digit"] = {
+        "step_loss": normalised,
+        "ref_step_loss": sum(ce_means) / 2 + ALPHA * term_sum / digits,
+    }
+    destroy_num_microbatches_calculator()
+
+    # 3. A model whose config names no loss is refused by the forward step (not run as CE).
+    unregister()
+    try:
+        numerical_forward_step(state, iter([dict(batch)]), model)
+        result["refused_without_registration"] = None
+    except RuntimeError as err:
+        result["refused_without_registration"] = str(err)
+
+    # 4. run_config.yaml as Bridge writes it at every save, then load_model_config.
+    from megatron.bridge.training.checkpointing import get_checkpoint_run_config_filename
+    from megatron.bridge.training.model_load_save import load_model_config
+
+    ckpt = os.path.join(folder, "iter_0000001")
+    os.makedirs(ckpt)
+    state.cfg.tokenizer = tok_cfg
+    state.cfg.to_yaml(get_checkpoint_run_config_filename(ckpt))
+    with open(get_checkpoint_run_config_filename(ckpt)) as f:
+        text = f.read()
+    import yaml
+
+    saved = yaml.safe_load(text)
+    loaded, mlm_args = load_model_config(ckpt)
+    result["run_config"] = {
+        "model_target": saved["model"]["_target_"],
+        "del_keys": sorted(k for k in saved["model"] if k.startswith(("numerical", "del_"))),
+        "del_in_text": [w for w in ("numerical_loss", "del_alpha", "del_digit") if w in text],
+        "loaded_class": f"{type(loaded).__module__}.{type(loaded).__qualname__}",
+        "loaded_has_del": hasattr(loaded, "numerical_loss"),
+        "hidden_size": loaded.hidden_size,
+        "mlm_args": mlm_args is None,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def check_nemo(out: str) -> None:
+    """NeMo 2.7.0's real MaskedTokenLossReduction, subclassed by numerical_loss_reduction: its
+    forward (3 values) and reduce on two micro-batches of a tiny Megatron-Core GPTModel with the
+    loss hook, and the telemetry reduce logs; plus enable_numerical_loss on NeMo's llm.GPTModel
+    when nemo.collections.llm imports."""
+    init_single_rank()
+    from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
+
+    from del_megatron import NumericalLossConfig
+    from del_megatron.megatron import register
+    from del_megatron.megatron.hook import config_fields
+    from del_megatron.megatron.nemo import numerical_loss_reduction
+    from del_megatron.reference import reference_lm_loss
+    from tests.gpt_helpers import GPT_VOCAB, build_gpt, number_batch
+
+    result: Dict[str, Any] = {}
+    model = build_gpt(1)
+    cfg = NumericalLossConfig(loss="del", alpha=ALPHA, vocab=GPT_VOCAB, reduction="token")
+    for name, value in config_fields(cfg).items():
+        setattr(model.config, name, value)
+    register(None)
+    logged = []
+    reduction = numerical_loss_reduction(MaskedTokenLossReduction)(
+        log=lambda name, value, **kwargs: logged.append((name, float(value), kwargs))
+    )
+    micro = []
+    ref_ce = ref_term = ref_tokens = ref_digits = 0.0
+    for seed in (0, 1):
+        tokens, labels, positions = number_batch(2, seed)
+        loss_mask = torch.ones(labels.shape)
+        loss_mask[0, :3] = 0
+        output = model(tokens, positions, None, labels=labels)
+        reduction.setup({"loss_mask": loss_mask})  # as MegatronParallel does per micro-batch
+        forward_result = reduction(output)
+        result.setdefault("forward_len", len(forward_result))
+        loss_sum, num_valid, reduced = forward_result
+        loss_sum.backward()
+        micro.append({k: v for k, v in reduced.items()})
+        with torch.no_grad():
+            logits = model(tokens, positions, None)  # [b, s, V]
+        ce, term = reference_lm_loss(labels, logits.transpose(0, 1), GPT_VOCAB, "del", ALPHA)
+        m = loss_mask.double()
+        ref_ce += float((ce * m).sum())
+        ref_term += float((term * m).sum())
+        ref_tokens += float(m.sum())
+        is_digit = (labels >= 40) & (labels < 50)
+        ref_digits += float((is_digit.double() * m).sum())
+    result["forward_keys"] = sorted(micro[0])
+    result["loss"] = float(reduction.reduce(micro))
+    result["ref_loss"] = (ref_ce + ALPHA * ref_term) / ref_tokens
+    result["telemetry"] = {k: float(v) for k, v in reduction.last_telemetry.items()}
+    result["ref_telemetry"] = {
+        "ce loss": ref_ce / ref_tokens,
+        "del term": ref_term / ref_digits,
+        "digit share": ref_digits / ref_tokens,
+    }
+    result["logged"] = [(name, value) for name, value, _ in logged]
+    result["plain_reduce"] = float(MaskedTokenLossReduction().reduce(micro))
+
+    try:
+        from nemo.collections.llm.gpt.model.base import GPTConfig, GPTModel
+
+        from del_megatron.megatron.nemo import enable_numerical_loss
+
+        nemo_model = GPTModel(GPTConfig(num_layers=1, hidden_size=64, num_attention_heads=4))
+        enable_numerical_loss(nemo_model, vocab=GPT_VOCAB, loss="del", alpha=ALPHA)
+        result["llm"] = {
+            "training": type(nemo_model.training_loss_reduction).__name__,
+            "validation_step": nemo_model.validation_loss_reduction.validation_step,
+            "config_loss": nemo_model.config.numerical_loss,
+        }
+    except ImportError as err:  # report what blocks it
+        result["llm"] = {"import_error": str(err)}
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+CHECKS = {"bridge": check_bridge, "nemo": check_nemo}
+
+if __name__ == "__main__":
+    CHECKS[sys.argv[1]](sys.argv[2])

@@ -1,0 +1,86 @@
+"""Megatron-Bridge 0.6.2 with DEL, against Bridge's real code on CPU (Python 3.12 environment,
+tests/requirements-bridge.txt): the recipe flow (AutoBridge -> provider instance ->
+enable_numerical_loss with the recipe tokenizer's digit ids), the real GPTModelProvider and
+gpt_step.forward_step on a tiny Qwen2-class model, the step-wide digit reduction, and the real
+run_config.yaml save -> load_model_config round trip. Values are compared with
+del_megatron.reference on the same model's logits. One worker process runs the checks
+(tests/bridge_workers.py: Bridge's import alone takes a minute on 2 cores)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("megatron.core")
+if sys.version_info < (3, 12):
+    pytest.skip("megatron-bridge 0.6 needs Python 3.12", allow_module_level=True)
+try:
+    import importlib.util
+
+    if importlib.util.find_spec("megatron.bridge") is None:
+        raise ImportError
+except ImportError:
+    pytest.skip("megatron-bridge is not installed", allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALPHA = 0.5
+
+
+def run_check(name: str, tmp_path) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "tests.bridge_workers", name, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def bridge(tmp_path_factory):
+    return run_check("bridge", tmp_path_factory.mktemp("bridge"))
+
+
+def test_digit_ids_come_from_the_recipe_tokenizer(bridge):
+    assert bridge["digit_ids"] == bridge["tokenizer_digit_ids"] == list(range(2, 12))
+    assert bridge["point_ids"] == [12]
+    assert bridge["provider_class"] == "megatron.bridge.models.gpt_provider.GPTModelProvider"
+
+
+def test_forward_step_token_reduction_matches_reference(bridge):
+    r = bridge["token"]
+    report = r["report"]
+    assert r["num_tokens"] == r["ref_tokens"] == 29
+    assert report["ce loss"][0] == pytest.approx(r["ref_ce_sum"], rel=1e-5)
+    assert report["ce loss"][1] == pytest.approx(r["ref_tokens"])
+    assert report["del term"][0] == pytest.approx(r["ref_term_sum"], rel=1e-5)
+    assert report["del term"][1] == pytest.approx(r["ref_digits"])
+    expected = r["ref_ce_sum"] + ALPHA * r["ref_term_sum"]
+    assert r["loss_sum"] == pytest.approx(expected, rel=1e-5)
+    assert report["lm loss"][0] == pytest.approx(expected, rel=1e-5)
+    assert report["digit share"] == pytest.approx([r["ref_digits"], r["ref_tokens"]])
+    assert 0 <= report["digit acc"][0] <= report["digit acc"][1]
+
+
+def test_forward_step_digit_reduction_over_the_step(bridge):
+    r = bridge["digit"]
+    assert r["step_loss"] == pytest.approx(r["ref_step_loss"], rel=1e-5)
+
+
+def test_forward_step_refuses_a_model_without_the_loss(bridge):
+    message = bridge["refused_without_registration"]
+    assert message is not None and "enable_numerical_loss" in message
+
+
+def test_run_config_round_trip_keeps_the_provider_class_and_no_del_setting(bridge):
+    r = bridge["run_config"]
+    assert r["model_target"] == bridge["provider_class"]
+    assert r["loaded_class"] == bridge["provider_class"]
+    assert r["del_keys"] == [] and r["del_in_text"] == []
+    assert not r["loaded_has_del"]
+    assert r["hidden_size"] == 64 and r["mlm_args"]
