@@ -89,11 +89,20 @@ def without_transformer_engine() -> None:
 # Shared set-up: one gloo rank, Megatron-Core on CPU, a tiny Qwen2-class provider from AutoBridge.
 
 
-def init_single_rank() -> None:
+def init_single_rank(training_runtime: bool = False) -> None:
+    """One gloo rank with Megatron-Core on CPU (del_megatron.cpu); training_runtime: also the
+    project's CPU runtime for Megatron's training code (del_megatron.cpu.training: device="cuda"
+    and .cuda() map to CPU, torch.cuda's runtime calls get CPU answers), which Bridge's
+    gpt_step (batch.cuda()) and checkpoint writer (torch.cuda.get_rng_state) reach."""
     import torch.distributed as dist
 
     from del_megatron import cpu
     from del_megatron.cli import free_port
+
+    if training_runtime:
+        from del_megatron.cpu import training
+
+        training.activate()
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -212,12 +221,11 @@ def check_bridge(out: str) -> None:
     """The recipe flow through the real GPTModelProvider, gpt_step.forward_step and
     run_config.yaml round trip; results to `out` for the test to compare."""
     without_transformer_engine()
-    init_single_rank()
+    init_single_rank(training_runtime=True)
     from megatron.bridge import AutoBridge
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
-    from del_megatron.cpu.training import CudaOnCpu
     from del_megatron.megatron import unregister
     from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
 
@@ -242,9 +250,8 @@ def check_bridge(out: str) -> None:
     # 1. token reduction: one micro-batch through the real forward_step.
     (batch,) = batches(1)
     ref = reference_parts(model, batch, cfg.vocab)
-    with CudaOnCpu():  # gpt_step moves the batch with .cuda(non_blocking=True)
-        output, loss_function = numerical_forward_step(state, iter([dict(batch)]), model)
-        loss_sum, num_tokens, report = loss_function(output)
+    output, loss_function = numerical_forward_step(state, iter([dict(batch)]), model)
+    loss_sum, num_tokens, report = loss_function(output)
     mask = batch["loss_mask"].double()
     result["token"] = {
         "loss_sum": float(loss_sum),
@@ -271,11 +278,10 @@ def check_bridge(out: str) -> None:
     step = batches(2, seed=1)
     iterator = iter([dict(b) for b in step])
     normalised = 0.0
-    with CudaOnCpu():
-        for _ in step:
-            output, loss_function = numerical_forward_step(state, iterator, model)
-            loss_sum, num_tokens, report = loss_function(output)
-            normalised += float(loss_sum) / float(num_tokens) / 2
+    for _ in step:
+        output, loss_function = numerical_forward_step(state, iterator, model)
+        loss_sum, num_tokens, report = loss_function(output)
+        normalised += float(loss_sum) / float(num_tokens) / 2
     refs = [reference_parts(model, b, cfg.vocab) for b in step]
     masks = [b["loss_mask"].double() for b in step]
     digits = sum(
@@ -321,8 +327,50 @@ def check_bridge(out: str) -> None:
         "hidden_size": loaded.hidden_size,
         "mlm_args": mlm_args is None,
     }
+    result["export"] = export_round_trip(bridge, model, folder)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def export_round_trip(bridge, model, folder: str) -> Dict[str, Any]:
+    """Bridge's own checkpoint of the DEL-trained model (save_megatron_model: run_config.yaml
+    and torch_dist weights), loaded back by load_megatron_model, then exported to Hugging Face
+    by save_hf_pretrained, as for any CE model. Each step's failure is reported, not raised."""
+    from safetensors.torch import load_file
+
+    report: Dict[str, Any] = {}
+    path = os.path.join(folder, "megatron_ckpt")
+    try:
+        bridge.save_megatron_model([model], path)
+        loaded = bridge.load_megatron_model(path, wrap_with_ddp=False)
+        report["loaded_config_has_del"] = hasattr(loaded[0].config, "numerical_loss")
+        same = all(
+            torch.equal(a, b)
+            for a, b in zip(
+                model.state_dict().values(), loaded[0].state_dict().values(), strict=True
+            )
+            if isinstance(a, torch.Tensor)
+        )
+        report["weights_equal"] = same
+        hf_path = os.path.join(folder, "hf")
+        bridge.save_hf_pretrained(loaded, hf_path)
+        with open(os.path.join(hf_path, "config.json")) as f:
+            hf_config = json.load(f)
+        report["hf_del_keys"] = sorted(k for k in hf_config if k.startswith(("numerical", "del_")))
+        report["hf_architectures"] = hf_config.get("architectures")
+        shards = [n for n in os.listdir(hf_path) if n.endswith(".safetensors")]
+        weights = {}
+        for name in shards:
+            weights.update(load_file(os.path.join(hf_path, name)))
+        embedding = model.embedding.word_embeddings.weight.detach()
+        report["hf_embedding_equal"] = bool(
+            torch.equal(weights["model.embed_tokens.weight"], embedding)
+        )
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        import traceback
+
+        report["error"] = "".join(traceback.format_exception(err))[-3000:]
+    return report
 
 
 def check_nemo(out: str) -> None:
@@ -384,20 +432,32 @@ def check_nemo(out: str) -> None:
     result["logged"] = [(name, value) for name, value, _ in logged]
     result["plain_reduce"] = float(MaskedTokenLossReduction().reduce(micro))
 
+    # enable_numerical_loss on NeMo's llm.GPTModel; where nemo.collections.llm does not import
+    # (its nemo_run / leptonai imports), on a plain LightningModule holding the same config.
+    from del_megatron.megatron.nemo import enable_numerical_loss
+
     try:
         from nemo.collections.llm.gpt.model.base import GPTConfig, GPTModel
 
-        from del_megatron.megatron.nemo import enable_numerical_loss
+        module = GPTModel(GPTConfig(num_layers=1, hidden_size=64, num_attention_heads=4))
+        result["llm_import_error"] = None
+    except ImportError as err:
+        import lightning.pytorch as pl
 
-        nemo_model = GPTModel(GPTConfig(num_layers=1, hidden_size=64, num_attention_heads=4))
-        enable_numerical_loss(nemo_model, vocab=GPT_VOCAB, loss="del", alpha=ALPHA)
-        result["llm"] = {
-            "training": type(nemo_model.training_loss_reduction).__name__,
-            "validation_step": nemo_model.validation_loss_reduction.validation_step,
-            "config_loss": nemo_model.config.numerical_loss,
-        }
-    except ImportError as err:  # report what blocks it
-        result["llm"] = {"import_error": str(err)}
+        result["llm_import_error"] = str(err)
+        module = pl.LightningModule()
+        module.config = model.config
+    for name in config_fields(cfg):
+        if name in vars(module.config):
+            delattr(module.config, name)
+    enable_numerical_loss(module, vocab=GPT_VOCAB, loss="del", alpha=ALPHA)
+    result["enabled"] = {
+        "training": type(module._training_loss_reduction).__name__,
+        "validation_step": module._validation_loss_reduction.validation_step,
+        "val_prefix": module._validation_loss_reduction.log_prefix,
+        "config_loss": module.config.numerical_loss,
+        "config_digits": module.config.del_digit_token_ids,
+    }
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
 

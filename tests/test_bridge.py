@@ -84,3 +84,12 @@ def test_run_config_round_trip_keeps_the_provider_class_and_no_del_setting(bridg
     assert r["del_keys"] == [] and r["del_in_text"] == []
     assert not r["loaded_has_del"]
     assert r["hidden_size"] == 64 and r["mlm_args"]
+
+
+def test_checkpoint_loads_and_exports_to_hf_like_a_ce_run(bridge):
+    r = bridge["export"]
+    assert "error" not in r, r.get("error")
+    assert r["weights_equal"]
+    assert not r["loaded_config_has_del"]
+    assert r["hf_del_keys"] == [] and r["hf_architectures"] == ["Qwen2ForCausalLM"]
+    assert r["hf_embedding_equal"]

@@ -1,0 +1,57 @@
+"""NeMo 2.7.0 with DEL, against NeMo's real code on CPU (Python 3.12 environment,
+tests/requirements-bridge.txt): `nemo.lightning.megatron_parallel.MaskedTokenLossReduction`,
+subclassed by numerical_loss_reduction, on two micro-batches of a tiny Megatron-Core GPTModel
+with the loss hook. forward keeps NeMo 2.7.0's three return values and reduce its loss, with
+the DEL telemetry summed over micro-batches and logged through reduce; values against
+del_megatron.reference on the same logits. One worker process (tests/bridge_workers.py)."""
+
+import sys
+
+import pytest
+
+pytest.importorskip("megatron.core")
+if sys.version_info < (3, 12):
+    pytest.skip("the NeMo 2.7.0 environment is the Python 3.12 one", allow_module_level=True)
+try:
+    import importlib.util
+
+    if importlib.util.find_spec("nemo") is None:
+        raise ImportError
+except ImportError:
+    pytest.skip("nemo_toolkit is not installed", allow_module_level=True)
+
+from .test_bridge import ALPHA, run_check  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def nemo(tmp_path_factory):
+    return run_check("nemo", tmp_path_factory.mktemp("nemo"))
+
+
+def test_forward_keeps_the_three_value_contract(nemo):
+    assert nemo["forward_len"] == 3
+    assert "loss_sum_and_ub_size" in nemo["forward_keys"]
+    assert {"del/ce loss", "del/del term", "del/digit acc"} <= set(nemo["forward_keys"])
+
+
+def test_reduce_gives_nemos_loss_of_ce_plus_alpha_term(nemo):
+    assert nemo["loss"] == pytest.approx(nemo["ref_loss"], rel=1e-6)
+    # NeMo's own reduce on the same micro-batch outputs gives the same loss.
+    assert nemo["plain_reduce"] == pytest.approx(nemo["loss"], rel=1e-7)
+    assert ALPHA == 0.5
+
+
+def test_reduce_logs_the_telemetry(nemo):
+    ref = nemo["ref_telemetry"]
+    telemetry = nemo["telemetry"]
+    for name in ("ce loss", "del term", "digit share"):
+        assert telemetry[name] == pytest.approx(ref[name], rel=1e-6)
+    assert 0.0 <= telemetry["digit acc"] <= 1.0
+    assert dict(nemo["logged"]) == pytest.approx(telemetry)
+
+
+def test_enable_numerical_loss_sets_both_reductions_and_the_config(nemo):
+    enabled = nemo["enabled"]
+    assert enabled["training"] == "NumericalMaskedTokenLossReduction"
+    assert enabled["validation_step"] is True and enabled["val_prefix"] == "val "
+    assert enabled["config_loss"] == "del" and enabled["config_digits"] == list(range(40, 50))
