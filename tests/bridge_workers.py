@@ -328,8 +328,66 @@ def check_bridge(out: str) -> None:
         "mlm_args": mlm_args is None,
     }
     result["export"] = export_round_trip(bridge, model, folder)
+    result["model_config"] = model_config_path(state, tokenizer, cfg.vocab)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def model_config_path(state, tokenizer, vocab) -> Dict[str, Any]:
+    """Bridge's ModelConfig path (GPTModelConfig + GPTModelBuilder, which builds
+    GPTModel(config=model_config.transformer)). DEL fields set on the outer config never reach
+    the model: numerical_forward_step refuses it. enable_numerical_loss(model_config, ...) puts
+    them on .transformer: the built model runs DEL (loss checked against the reference)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.training.models.gpt import GPTModelConfig
+
+    from del_megatron.megatron import register
+    from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
+
+    report: Dict[str, Any] = {}
+
+    def build(outer_fields: bool):
+        transformer = TransformerConfig(
+            num_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            use_cpu_initialization=True,
+            hidden_dropout=0.0,  # forward_step and the reference forward see the same model
+            attention_dropout=0.0,
+        )
+        model_config = GPTModelConfig(
+            transformer=transformer,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=VOCAB,
+            seq_length=SEQ,
+        )
+        if outer_fields:  # what a user might write: lands on the outer config only
+            model_config.numerical_loss = "del"
+            model_config.del_digit_token_ids = list(vocab.digit_ids)
+        else:
+            enable_numerical_loss(model_config, tokenizer, loss="del", alpha=ALPHA)
+        builder = model_config.get_builder_cls()(model_config)
+        return builder.build_model(ProcessGroupCollection.use_mpu_process_groups())
+
+    model = build(outer_fields=True)
+    register(None)
+    report["outer_reaches_model"] = hasattr(model.config, "numerical_loss")
+    (batch,) = batches(1, seed=3)
+    try:
+        numerical_forward_step(state, iter([dict(batch)]), model)
+        report["outer_refused"] = None
+    except RuntimeError as err:
+        report["outer_refused"] = str(err)
+    model = build(outer_fields=False)
+    output, loss_function = numerical_forward_step(state, iter([dict(batch)]), model)
+    loss_sum, _, _ = loss_function(output)
+    ref = reference_parts(model, batch, vocab)
+    mask = batch["loss_mask"].double()
+    report["loss_sum"] = float(loss_sum)
+    report["ref_loss_sum"] = float(((ref["ce"] + ALPHA * ref["term"]) * mask).sum())
+    return report
 
 
 def export_round_trip(bridge, model, folder: str) -> Dict[str, Any]:

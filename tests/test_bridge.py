@@ -93,3 +93,10 @@ def test_checkpoint_loads_and_exports_to_hf_like_a_ce_run(bridge):
     assert not r["loaded_config_has_del"]
     assert r["hf_del_keys"] == [] and r["hf_architectures"] == ["Qwen2ForCausalLM"]
     assert r["hf_embedding_equal"]
+
+
+def test_model_config_path_works_or_refuses_loudly(bridge):
+    r = bridge["model_config"]
+    assert not r["outer_reaches_model"]
+    assert r["outer_refused"] is not None and "ModelConfig.transformer" in r["outer_refused"]
+    assert r["loss_sum"] == pytest.approx(r["ref_loss_sum"], rel=1e-5)
