@@ -47,6 +47,11 @@ work=$(cd "$work" && pwd)
 t0=$(date +%s)
 log() { printf '[image-test %4ss] %s\n' "$(($(date +%s) - t0))" "$*"; }
 die() { log "FAILED: $*"; exit 1; }
+show_log() {  # the errors in a failed run's log, then its end
+  grep -E '(Error|Exception)\b' "$1" | grep -v -E 'Warning|ChildFailedError' | sort | uniq -c |
+    sort -rn | head -n 15 || true
+  tail -n 30 "$1"
+}
 wait_port() {  # until something listens on 127.0.0.1:$1
   local _
   for _ in $(seq 80); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.25; done
@@ -265,7 +270,7 @@ docker build --force-rm --network host -f "$root/docker/Dockerfile" \
   --build-arg BASE_IMAGE="$standin" \
   --build-arg MEGATRON_CORE_VERSION="$core_version" --build-arg MEGATRON_LM_TAG="$mlm_tag" \
   --build-arg MEGATRON_LM_REPO="git://127.0.0.1:$gitd_port/Megatron-LM-$mlm_tag" \
-  -t "$image" "$root" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; die "docker build"; }
+  -t "$image" "$root" >"$work/build.log" 2>&1 || { show_log "$work/build.log"; die "docker build"; }
 kill "$(cat "$work/gitd.pid")" && rm -f "$work/gitd.pid"
 build_s=$(($(date +%s) - tb))
 size=$(docker image inspect -f '{{.Size}}' "$image")
@@ -333,7 +338,7 @@ docker run -d --name del-image-test-one-node --user 4321:4321 --network host --i
 kill_after_checkpoint del-image-test-one-node "$work/mnt-4321/ckpt/latest_checkpointed_iteration.txt"
 rc=$(docker wait del-image-test-one-node)
 docker logs del-image-test-one-node >"$work/one_node.log" 2>&1
-[ "$rc" = 0 ] || { tail -40 "$work/one_node.log"; die "one node: exit $rc"; }
+[ "$rc" = 0 ] || { show_log "$work/one_node.log"; die "one node: exit $rc"; }
 grep -q "exitcode: -9" "$work/one_node.log" || die "one node: torchrun did not see the kill"
 grep -q "successfully loaded checkpoint" "$work/one_node.log" || die "one node: no resume"
 [ "$(cat "$work/mnt-4321/ckpt/latest_checkpointed_iteration.txt")" = "$iters" ] ||
@@ -356,7 +361,7 @@ wait_two() {
     rc=$(docker wait "del-image-test-$name-$r")
     docker logs "del-image-test-$name-$r" >"$work/$name-$r.log" 2>&1
     if [ "$rc" != "0" ]; then
-      tail -30 "$work/$name-$r.log"
+      show_log "$work/$name-$r.log"
       fail=1
     fi
   done
