@@ -13,7 +13,9 @@ treat them exactly as a cross-entropy run's.
     torchrun --nproc-per-node 1 examples/bridge_pretrain_del.py --tiny \\
         --tokenizer /path/to/hf_tokenizer_dir --train-iters 20
 
-    # CPU: build everything and stop before pretrain() (Bridge's training loop needs CUDA)
+    # CPU, from the repository root: build everything and stop before pretrain() (Bridge's
+    # training loop needs CUDA); without Transformer Engine installed, --dry-run imports
+    # Bridge with the tests' TE placeholder (tests/bridge_workers.py)
     python examples/bridge_pretrain_del.py --tiny --tokenizer /path/to/dir --dry-run
 
 The tokenizer must split numbers one digit per token (Qwen2.5, Llama-2, Mistral, DeepSeek);
@@ -23,6 +25,7 @@ the recipe's default NullTokenizer has no digits, so a Hugging Face tokenizer re
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -101,8 +104,23 @@ def build_config(args: argparse.Namespace):
     return cfg
 
 
+def _bridge_without_transformer_engine() -> None:
+    """--dry-run on a CPU machine: `import megatron.bridge` reaches a module that imports
+    Transformer Engine (LoRA's fused layers); the tests' placeholder stands in for it there."""
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, root)
+        from tests.bridge_workers import without_transformer_engine
+
+        without_transformer_engine()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        _bridge_without_transformer_engine()
     cfg = build_config(args)
 
     from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
