@@ -11,7 +11,8 @@
 #   5. one container with a worker killed after the checkpoint of iteration 10: torchrun restarts
 #      the workers, they resume from the checkpoint, and every logged `lm loss` equals step 2's.
 #
-#   bash tests/image/run.sh            (as root; about 8 minutes and 12 GB of disk from scratch)
+#   bash tests/image/run.sh            (as root; from scratch ~14 GB of disk at the peak, and
+#                                       ~21 minutes on 2 busy cores: docker/README.md)
 #
 # It installs docker.io and mmdebstrap if missing, starts its own Docker engine (data under a temp
 # folder) unless one answers already (DOCKER_HOST), and removes what it made at the end: containers,
