@@ -96,10 +96,6 @@ class LossParts(NamedTuple):
         return self.ce + alpha * self.term
 
 
-# The name the Megatron glue first imported; one concept, one class.
-LossPieces = LossParts
-
-
 # Any fixed vocab serves loss="ce": its digit logits are computed but unused.
 _CE_ONLY_VOCAB = DigitVocab(range(NUM_DIGITS))
 
@@ -300,10 +296,6 @@ def loss_parts(
     """The per-token LossParts numerical_lm_loss composes its result from, before any reduction
     (numerical_lm_loss(..., return_parts=True)); keyword arguments as there."""
     return numerical_lm_loss(labels, logits, cfg, tp_group, return_parts=True, **how)
-
-
-# The name the Megatron glue first imported.
-loss_pieces = loss_parts
 
 
 def numerical_linear_loss(

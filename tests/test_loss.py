@@ -307,10 +307,3 @@ def test_recompute_chunks_agree_with_the_softmax_kernel(chunk_tokens):
         results.append((loss.detach(), logits.grad))
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-7)
-
-
-def test_loss_parts_is_the_one_name_for_the_pieces():
-    """LossPieces / loss_pieces are the old names of LossParts / loss_parts (the same objects)."""
-    from del_megatron.loss import LossPieces, loss_pieces
-
-    assert LossPieces is dm.LossParts and loss_pieces is dm.loss_parts

@@ -7,7 +7,7 @@ import torch
 
 import del_megatron as dm
 from del_megatron import megatron as dmm
-from del_megatron.loss import loss_pieces
+from del_megatron.loss import loss_parts
 from del_megatron.megatron import telemetry
 from del_megatron.reference import reference_lm_loss
 
@@ -30,11 +30,11 @@ def hand_batch():
 def test_telemetry_and_reduction_by_hand(reduction):
     labels, mask, logits = hand_batch()
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction)
-    pieces = loss_pieces(labels, logits, dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB))
-    output = pieces.ce + 0.2 * pieces.term
+    parts = loss_parts(labels, logits, dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB))
+    output = parts.token_loss(0.2)
     dmm.register(cfg)
     try:
-        telemetry.record(output, pieces, cfg)
+        telemetry.record(output, parts, cfg)
         loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
     finally:
         dmm.unregister()
@@ -65,11 +65,11 @@ def test_digit_free_micro_batches_report_zero_not_nan():
     labels = torch.tensor([[12, 13, 12]])
     logits = torch.zeros(3, 1, 16)
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB)
-    pieces = loss_pieces(labels, logits, cfg)
-    output = pieces.ce + 0.2 * pieces.term
+    parts = loss_parts(labels, logits, cfg)
+    output = parts.token_loss(0.2)
     dmm.register(cfg)
     try:
-        telemetry.record(output, pieces, cfg)
+        telemetry.record(output, parts, cfg)
         _, _, report = dmm.numerical_loss_func(torch.ones(1, 3), output)
     finally:
         dmm.unregister()

@@ -1,6 +1,7 @@
 """Megatron glue: the loss hook, Megatron-LM arguments, telemetry, Bridge and NeMo adapters.
 
-Importing this package needs megatron-core; the rest of del_megatron needs only torch.
+Importing it needs only torch; megatron-core is imported when a hook is registered or a model
+is trained. register() sets up all the state the glue keeps and unregister() removes it.
 """
 
 from .accounting import DigitAccounting

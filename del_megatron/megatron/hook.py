@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ..loss import NumericalLossConfig, loss_pieces
+from ..loss import NumericalLossConfig, loss_parts
 from ..vocab import DigitVocab
 from . import state, telemetry
 from .state import Registration
@@ -253,7 +253,7 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         )
     # The "digit" reduction is applied by the loss_func wrapper, which has the loss mask; the
     # model always returns the "token" form so that a plain Megatron loss_func stays correct.
-    pieces = loss_pieces(
+    parts = loss_parts(
         labels,
         logits,
         replace(cfg, reduction="token"),
@@ -261,8 +261,8 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         cp_group=_cp_group(self),
         cu_seqlens=_cu_seqlens(),
     )
-    loss = pieces.ce + cfg.alpha * pieces.term
-    telemetry.record(loss, pieces, cfg)
+    loss = parts.token_loss(cfg.alpha)
+    telemetry.record(loss, parts, cfg)
     return loss
 
 

@@ -1,6 +1,6 @@
 """Per-step DEL telemetry and the "digit" reduction, in Megatron-LM's loss_func.
 
-The loss hook records, per micro-batch, the pieces behind the [b, s] loss it returns. The
+The loss hook records, per micro-batch, the parts behind the [b, s] loss it returns. The
 loss_func wrapper (it has the loss mask) finds them by the output tensor and reports
 `[sum, count]` pairs, which Megatron-LM sums over micro-batches and data-parallel ranks and logs
 as sum / count (log, TensorBoard, W&B).
@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ..loss import LossPieces, NumericalLossConfig
+from ..loss import LossParts, NumericalLossConfig
 from . import accounting, state
 
 COUNT_EPS = 1e-8
@@ -28,15 +28,15 @@ ZERO_SHOWN_AS = 1e-20
 
 class _Record(NamedTuple):
     output: torch.Tensor
-    pieces: LossPieces
+    parts: LossParts
     cfg: NumericalLossConfig
 
 
-def record(output: torch.Tensor, pieces: LossPieces, cfg: NumericalLossConfig) -> None:
-    """Keep the pieces behind `output` for the loss function (nothing when not registered)."""
+def record(output: torch.Tensor, parts: LossParts, cfg: NumericalLossConfig) -> None:
+    """Keep the parts behind `output` for the loss function (nothing when not registered)."""
     registration = state.current()
     if registration is not None:
-        registration.records.append(_Record(output, pieces, cfg))
+        registration.records.append(_Record(output, parts, cfg))
 
 
 def find(output: torch.Tensor) -> Optional[_Record]:
@@ -67,23 +67,23 @@ def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
     (n_tokens / n_digits, counted under `loss_mask`)."""
     if rec.cfg.reduction != "digit":
         return rec.output
-    mask = loss_mask.reshape(rec.output.shape).to(rec.pieces.term.dtype)
+    mask = loss_mask.reshape(rec.output.shape).to(rec.parts.term.dtype)
     n_tokens = mask.sum()
     step = accounting.active()
     if step is not None:
         scale = step.term_scale(n_tokens).to(n_tokens)
     else:
-        scale = n_tokens / (rec.pieces.is_digit * mask).sum().clamp(min=1.0)
-    extra = rec.cfg.alpha * rec.pieces.term * (scale - 1.0)
+        scale = n_tokens / (rec.parts.is_digit * mask).sum().clamp(min=1.0)
+    extra = rec.cfg.alpha * rec.parts.term * (scale - 1.0)
     return rec.output + extra.to(rec.output.dtype)
 
 
 def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each)."""
     mask = loss_mask.reshape(rec.output.shape).float()
-    digit_mask = rec.pieces.is_digit.float() * mask
+    digit_mask = rec.parts.is_digit.float() * mask
     n_digits = digit_mask.sum()
-    correct = rec.pieces.digit_logits.argmax(dim=-1) == rec.pieces.digit
+    correct = rec.parts.digit_logits.argmax(dim=-1) == rec.parts.digit
 
     floor = _zero_floor()
 
@@ -92,8 +92,8 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
         return torch.stack([total.detach().float() + floor * count, count])
 
     return {
-        "ce loss": pair((rec.pieces.ce.float() * mask).sum(), mask.sum()),
-        f"{rec.cfg.loss} term": pair((rec.pieces.term.float() * mask).sum(), n_digits),
+        "ce loss": pair((rec.parts.ce.float() * mask).sum(), mask.sum()),
+        f"{rec.cfg.loss} term": pair((rec.parts.term.float() * mask).sum(), n_digits),
         "digit acc": pair((correct.float() * digit_mask).sum(), n_digits),
         "digit tokens": pair(n_digits, torch.ones_like(n_digits)),
         "digit share": pair(n_digits, mask.sum()),
