@@ -26,7 +26,7 @@
 #   DEBIAN_MIRROR      [http://deb.debian.org/debian]
 #   PYTHON312          the host's CPython 3.12 that the stand-in gets [python3.12 on PATH, or pyenv's]
 #   MEGATRON_CORE_VERSION, MEGATRON_LM_TAG   build other releases than the Dockerfile's defaults
-#   IMAGE_TEST_RESTART 0: leave step 5 out [1]
+#   IMAGE_TEST_RESTART 1: run step 5 [0: it fails on main today, see docker/README.md "Open"]
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -377,8 +377,11 @@ python3 "$here/losses.py" --iters "$iters" --ref "$work/one_node.log" "$work"/el
 
 # One container again, one worker killed after the checkpoint of iteration 10: torchrun restarts
 # the workers, they resume from the checkpoint (--load), and every logged lm loss, before the kill
-# and after the resume, equals the undisturbed run's. IMAGE_TEST_RESTART=0 leaves this run out.
-if [ "${IMAGE_TEST_RESTART:-1}" = 1 ]; then
+# and after the resume, equals the undisturbed run's. Run with IMAGE_TEST_RESTART=1: on main today
+# the restarted workers' gloo mesh dials the killed workers' addresses (docker/README.md, "Open").
+if [ "${IMAGE_TEST_RESTART:-0}" != 1 ]; then
+  log "SKIPPED step 5 (a worker killed, restart and resume): IMAGE_TEST_RESTART=1 runs it; it fails on main today (docker/README.md, Open)"
+else
   log "one container, a worker killed after the checkpoint of iteration 10: restart and resume"
   containers+=(del-image-test-restart)
   "${docker_run[@]}" -d --name del-image-test-restart -e MAX_RESTARTS=1 -e NPROC_PER_NODE=2 \
