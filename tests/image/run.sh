@@ -398,7 +398,8 @@ else
     "$work/restart.log"
 fi
 
-docker rm "${containers[@]}" >/dev/null
+# (the one-node container removed itself: --rm)
+docker rm -f "${containers[@]}" >/dev/null 2>&1 || true
 containers=()
 log "disk: work folder $(du -sh "$work" 2>/dev/null | cut -f1) (Docker data root included when the engine is ours)"
 log "PASSED in $(($(date +%s) - t0))s"
