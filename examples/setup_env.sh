@@ -2,14 +2,16 @@
 # Creates (or refreshes) a pinned CPU environment at the repository root.
 #   bash examples/setup_env.sh          .venv     Python 3.11, torch 2.13.0 (CPU build), megatron-core 0.16.1
 #   bash examples/setup_env.sh py312    .venv312  Python 3.12, torch 2.14.1 (CUDA build, runs on CPU),
-#                                                 megatron-core 0.19.2
-# Pins: tests/requirements-cpu.txt and tests/requirements-py312.txt.
+#                                                 megatron-core 0.19.2, megatron-bridge 0.6.2,
+#                                                 nemo_toolkit 2.7.0
+# Pins: tests/requirements-cpu.txt, tests/requirements-py312.txt (+ tests/requirements-bridge.txt).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 case "${1:-py311}" in
-  py311) version=3.11 venv=.venv requirements=tests/requirements-cpu.txt ;;
-  py312) version=3.12 venv=.venv312 requirements=tests/requirements-py312.txt ;;
+  py311) version=3.11 venv=.venv requirements=tests/requirements-cpu.txt extra= ;;
+  py312) version=3.12 venv=.venv312 requirements=tests/requirements-py312.txt
+    extra=tests/requirements-bridge.txt ;;
   *) echo "usage: $0 [py311|py312]" >&2; exit 2 ;;
 esac
 
@@ -30,11 +32,15 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-$(find_python "$version")}" -m venv "$venv"
 fi
 stamp=$venv/.del-megatron-installed
-if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+    || { [ -n "$extra" ] && [ "$extra" -nt "$stamp" ]; }; then
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   # torch first and exactly pinned, so nothing after it can pull another build.
   "${pip[@]}" "$(grep -E '^torch==' "$requirements")"
   "${pip[@]}" -r "$requirements"
+  # Megatron-Bridge and NeMo, pinned with what they import on CPU; their own requirements
+  # (Transformer Engine, CUDA-only packages) cannot install here.
+  if [ -n "$extra" ]; then "${pip[@]}" --no-deps -r "$extra"; fi
   "${pip[@]}" --no-deps -e .
   touch "$stamp"
 fi

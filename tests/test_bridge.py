@@ -13,17 +13,6 @@ import sys
 
 import pytest
 
-pytest.importorskip("megatron.core")
-if sys.version_info < (3, 12):
-    pytest.skip("megatron-bridge 0.6 needs Python 3.12", allow_module_level=True)
-try:
-    import importlib.util
-
-    if importlib.util.find_spec("megatron.bridge") is None:
-        raise ImportError
-except ImportError:
-    pytest.skip("megatron-bridge is not installed", allow_module_level=True)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHA = 0.5
 

@@ -54,11 +54,5 @@ def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_sched
     assert lm[-1] < lm[0]
 
 
-def test_bridge_and_nemo_adapters():
-    from .megatron_workers import check_bridge_and_nemo_adapters
-
-    run_distributed(check_bridge_and_nemo_adapters, 1, megatron_tp=1)
-
-
 def test_hook_under_context_parallel_and_packed_sequences():
     run_distributed(run_cp_hook_checks, 2, megatron_tp=1, megatron_cp=2)
