@@ -114,6 +114,8 @@ cleanup() {
         kill "$pid"
         for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
       fi
+      # dockerd leaves its network namespace bind-mounted in the exec root
+      umount "$work/docker-exec/netns/default" 2>/dev/null
       rm -rf "$work"
     else
       docker rmi -f "$image" "$standin" "$debian" >/dev/null 2>&1
