@@ -40,7 +40,7 @@ from .hook import (
     config_fields,
     register,
 )
-from .lm import counted
+from .lm import counted, unwrapped_model
 from .telemetry import apply_to_loss
 
 __all__ = [
@@ -51,15 +51,6 @@ __all__ = [
     "step_accounting",
     "wrap_loss_function",
 ]
-
-
-def _unwrapped(model: Any) -> Any:
-    """The model inside DDP / Float16Module / a virtual-pipeline list."""
-    if isinstance(model, (list, tuple)):
-        model = model[0]
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def model_config_of(target: Any) -> Any:
@@ -155,7 +146,7 @@ def step_accounting(
     its data iterator (gpt_step.get_batch, whole sequences; CP slices them after), so the counts
     are summed over the data-parallel group and nothing is broadcast. Groups come from the
     model's pg_collection (Bridge builds decentralized process groups), else parallel_state."""
-    groups = getattr(_unwrapped(model), "pg_collection", None) if model is not None else None
+    groups = getattr(unwrapped_model(model), "pg_collection", None) if model is not None else None
     if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp")):
         dp, dp_cp = groups.dp, groups.dp_cp
     else:
@@ -167,7 +158,7 @@ def step_accounting(
         from megatron.core.num_microbatches_calculator import get_num_microbatches
 
         num_microbatches = get_num_microbatches
-    config = getattr(_unwrapped(model), "config", None)
+    config = getattr(unwrapped_model(model), "config", None)
     return DigitAccounting(
         cfg.vocab,
         num_microbatches,
@@ -209,7 +200,7 @@ def _check_enabled(model: Any) -> None:
     registration = state.current()
     if registration is not None and registration.cfg is not None:
         return
-    config = getattr(_unwrapped(model), "config", None)
+    config = getattr(unwrapped_model(model), "config", None)
     if registration is None or cfg_from_model_config(config) is None:
         where = "not registered" if registration is None else f"no {FIELD_LOSS} on model.config"
         raise RuntimeError(

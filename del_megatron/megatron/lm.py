@@ -39,11 +39,12 @@ __all__ = [
     "make_loss_func",
     "register_from_args",
     "step_accounting",
+    "unwrapped_model",
     "wrap_model_provider",
 ]
 
 
-def _unwrapped(model: Any) -> Any:
+def unwrapped_model(model: Any) -> Any:
     """The model inside DDP / Float16Module / a virtual-pipeline list."""
     if isinstance(model, (list, tuple)):
         model = model[0]
@@ -60,7 +61,7 @@ def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> D
     else Megatron's parallel_state."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
-    groups = getattr(_unwrapped(model), "pg_collection", None) if model is not None else None
+    groups = getattr(unwrapped_model(model), "pg_collection", None) if model is not None else None
     if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp", "tp")):
         dp, dp_cp, tp = groups.dp, groups.dp_cp, groups.tp
     else:
