@@ -40,7 +40,7 @@ from .hook import (
     config_fields,
     register,
 )
-from .lm import counted, unwrapped_model
+from .lm import counted, process_groups, unwrapped_model
 from .telemetry import apply_to_loss
 
 __all__ = [
@@ -146,14 +146,7 @@ def step_accounting(
     its data iterator (gpt_step.get_batch, whole sequences; CP slices them after), so the counts
     are summed over the data-parallel group and nothing is broadcast. Groups come from the
     model's pg_collection (Bridge builds decentralized process groups), else parallel_state."""
-    groups = getattr(unwrapped_model(model), "pg_collection", None) if model is not None else None
-    if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp")):
-        dp, dp_cp = groups.dp, groups.dp_cp
-    else:
-        from megatron.core import parallel_state as ps
-
-        dp = ps.get_data_parallel_group()
-        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
+    dp, dp_cp, _ = process_groups(model)
     if num_microbatches is None:
         from megatron.core.num_microbatches_calculator import get_num_microbatches
 

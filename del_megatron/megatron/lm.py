@@ -18,7 +18,7 @@ import argparse
 import functools
 import re
 import sys
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -37,6 +37,7 @@ __all__ = [
     "help_with_flags",
     "install",
     "make_loss_func",
+    "process_groups",
     "register_from_args",
     "step_accounting",
     "unwrapped_model",
@@ -53,6 +54,21 @@ def unwrapped_model(model: Any) -> Any:
     return model
 
 
+def process_groups(model: Any = None) -> Tuple[Any, Any, Any]:
+    """(data-parallel, data-parallel x context-parallel, tensor-parallel) groups of `model`:
+    its pg_collection (decentralized process groups) when it has one, else parallel_state."""
+    groups = getattr(unwrapped_model(model), "pg_collection", None) if model is not None else None
+    if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp", "tp")):
+        return groups.dp, groups.dp_cp, groups.tp
+    from megatron.core import parallel_state as ps
+
+    return (
+        ps.get_data_parallel_group(),
+        ps.get_data_parallel_group(with_context_parallel=True),
+        ps.get_tensor_model_parallel_group(),
+    )
+
+
 def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> DigitAccounting:
     """The "digit" reduction over Megatron-LM's whole step. Its data iterators yield whole
     sequences on tensor-parallel rank 0 of each DP rank (CP slices them later), so counts are
@@ -61,15 +77,7 @@ def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> D
     else Megatron's parallel_state."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
-    groups = getattr(unwrapped_model(model), "pg_collection", None) if model is not None else None
-    if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp", "tp")):
-        dp, dp_cp, tp = groups.dp, groups.dp_cp, groups.tp
-    else:
-        from megatron.core import parallel_state as ps
-
-        dp = ps.get_data_parallel_group()
-        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
-        tp = ps.get_tensor_model_parallel_group()
+    dp, dp_cp, tp = process_groups(model)
     return DigitAccounting(
         cfg.vocab,
         get_num_microbatches,
