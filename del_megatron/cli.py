@@ -104,29 +104,12 @@ def _train(args) -> int:
 
 
 def _init_process_group() -> None:
-    """gloo process group. Under a torchrun agent the rendezvous store outlives a restart, and
-    the keys the killed round wrote there would send the new workers to dead peers: each
-    attempt gets its own key prefix."""
-    import datetime
-
+    """gloo process group; under a torchrun agent, in this restart attempt's key space."""
     import torch.distributed as dist
 
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group("gloo")
-        return
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(minutes=5),
-    )
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore(f"del_megatron/attempt_{attempt}", store),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-    )
+    from .cpu.rendezvous import per_attempt
+
+    per_attempt(dist.init_process_group)("gloo")
 
 
 def _torchrun(nproc: int, argv: List[str]) -> List[str]:

@@ -18,6 +18,8 @@ file is edited. Places that needed help, by what Megatron-LM does there:
 - tensors made on device="cuda", `.cuda()`, `Tensor.type() == "torch.cuda.FloatTensor"` checks
   (clip_grads, optimizer), and torch.cuda RNG/memory/stream calls in timers, checkpointing and
   the rerun state machine;
+- after torchrun restarts the workers, a gloo rank can read the killed round's addresses from
+  the agent's rendezvous store (rendezvous.py: one key space per restart attempt);
 - on CPU the default generator drives dropout, and building the data iterators after a
   checkpoint load draws from it; its state is kept across that call, so a resumed run's
   dropout masks equal the uninterrupted run's.
@@ -38,7 +40,7 @@ from typing import Callable, Dict, List
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import core
+from . import core, rendezvous
 
 ENV_SWITCH = "DEL_MEGATRON_CPU"
 TRAINING_MODULE = "megatron.training.training"
@@ -269,6 +271,7 @@ def _patch_megatron_lm(training: types.ModuleType) -> None:
     from megatron.training import utils as training_utils
 
     core.install()
+    rendezvous.install()
 
     initialize_megatron = initialize.initialize_megatron
 
