@@ -228,12 +228,3 @@ def check_megatron_lm_glue(seed: int) -> None:
             )
     finally:
         destroy_num_microbatches_calculator()
-
-
-def run_all(seed: int) -> None:
-    check_cut_independence(seed)
-    check_count_needs_a_wrapped_iterator()
-
-
-def run_megatron_lm_glue(seed: int) -> None:
-    check_megatron_lm_glue(seed)

@@ -90,16 +90,18 @@ def _next_task(tasks, parent: int):
                 return None
 
 
-def _serve(rank: int, world_size: int, port: int, tasks, results, parent: int) -> None:
-    """A worker: join the group, then run (fn, args) tasks until None arrives."""
+def _serve(
+    rank: int, world_size: int, port: int, tasks, results, parent: int, megatron: Dict[str, int]
+) -> None:
+    """A worker: join the group, set up Megatron's parallel_state, then run (fn, args) tasks
+    until None arrives."""
     from megatron.core import parallel_state
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
-    # Megatron's own CE (compared against) reads its TP group from parallel_state.
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    parallel_state.initialize_model_parallel(**megatron)
     try:
         while (task := _next_task(tasks, parent)) is not None:
             fn, args = task
@@ -113,17 +115,23 @@ def _serve(rank: int, world_size: int, port: int, tasks, results, parent: int) -
 
 
 class GlooWorkers:
-    """`world_size` processes in one gloo group (dist.group.WORLD, also Megatron's tensor-parallel
-    group), reused for many calls."""
+    """`world_size` processes in one gloo group (dist.group.WORLD), reused for many calls, with
+    Megatron's parallel_state initialised by `megatron` (initialize_model_parallel's keywords;
+    default: the whole group is the tensor-parallel group, as Megatron's own CE compared
+    against reads it from there)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, **megatron: int) -> None:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
+        megatron = megatron or {"tensor_model_parallel_size": world_size}
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
         port, parent = free_port(), os.getpid()
         self.procs = [
-            ctx.Process(target=_serve, args=(rank, world_size, port, tasks, self.results, parent))
+            ctx.Process(
+                target=_serve,
+                args=(rank, world_size, port, tasks, self.results, parent, megatron),
+            )
             for rank, tasks in enumerate(self.tasks)
         ]
         for proc in self.procs:

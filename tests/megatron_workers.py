@@ -279,21 +279,6 @@ def check_model_classes_taking_packed_seq_params() -> None:
     assert EarlyModel.forward is original
 
 
-def run_cp_hook_checks() -> None:
-    check_hook_passes_the_cp_group()
-    check_packed_seq_params_reach_the_hook()
-
-
-def run_hook_checks(tp: int) -> None:
-    check_hook_equals_numerical_lm_loss(tp)
-    if tp == 1:
-        check_model_classes_taking_packed_seq_params()
-    check_parallel_output_false(tp)
-    check_mtp_goes_through_del(tp)
-    check_register_cycle(tp)
-    check_config_fields_and_fusion_modes(tp)
-
-
 def _stage_models(pp_size: int, vp_size: int, num_layers: int):
     """This pipeline rank's model chunks (one per virtual stage) with the weights of the
     single-stage model (same seed): each layer takes the weights of its global layer_number."""

@@ -4,13 +4,36 @@ import json
 
 import pytest
 
+from . import megatron_workers
 from .distributed import run_distributed
-from .megatron_workers import run_cp_hook_checks, run_hook_checks, train_curve
+from .megatron_workers import train_curve
+
+HOOK_CHECKS = [
+    "hook_equals_numerical_lm_loss",
+    "parallel_output_false",
+    "mtp_goes_through_del",
+    "register_cycle",
+    "config_fields_and_fusion_modes",
+]
+CP_CHECKS = ["hook_passes_the_cp_group", "packed_seq_params_reach_the_hook"]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_hook_on_real_gpt_model(tp):
-    run_distributed(run_hook_checks, tp, tp, megatron_tp=tp)
+@pytest.mark.parametrize("check", HOOK_CHECKS)
+def test_hook_on_real_gpt_model(gloo, tp, check):
+    gloo(tp, tensor_model_parallel_size=tp).run(getattr(megatron_workers, f"check_{check}"), tp)
+
+
+def test_every_model_class_taking_packed_seq_params_is_wrapped_or_refused(gloo):
+    gloo(1, tensor_model_parallel_size=1).run(
+        megatron_workers.check_model_classes_taking_packed_seq_params
+    )
+
+
+@pytest.mark.parametrize("check", CP_CHECKS)
+def test_hook_under_context_parallel_and_packed_sequences(gloo, check):
+    workers = gloo(2, tensor_model_parallel_size=1, context_parallel_size=2)
+    workers.run(getattr(megatron_workers, f"check_{check}"))
 
 
 def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(tmp_path):
@@ -52,7 +75,3 @@ def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_sched
             assert one[key] == pytest.approx(interleaved[key], rel=1e-5), key
     lm = [r["lm loss"][0] / r["lm loss"][1] for r in reports[1, None]]
     assert lm[-1] < lm[0]
-
-
-def test_hook_under_context_parallel_and_packed_sequences():
-    run_distributed(run_cp_hook_checks, 2, megatron_tp=1, megatron_cp=2)
