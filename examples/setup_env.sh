@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) a pinned CPU environment at the repository root.
-#   bash examples/setup_env.sh          .venv     Python 3.11, torch 2.13.0 (CPU build), megatron-core 0.16.1
-#   bash examples/setup_env.sh py312    .venv312  Python 3.12, torch 2.14.1 (CUDA build, runs on CPU),
-#                                                 megatron-core 0.19.2, megatron-bridge 0.6.2,
-#                                                 nemo_toolkit 2.7.0
-# Pins: tests/requirements-cpu.txt, tests/requirements-py312.txt (+ tests/requirements-bridge.txt).
+#   bash examples/setup_env.sh          .venv            Python 3.11, torch 2.13.0 (CPU build),
+#                                                        megatron-core 0.16.1
+#   bash examples/setup_env.sh py312    .venv312         Python 3.12, torch 2.14.1 (CUDA build, runs
+#                                                        on CPU), megatron-core 0.19.2
+#   bash examples/setup_env.sh bridge   .venv312-bridge  .venv312 plus megatron-bridge 0.6.2 and
+#                                                        nemo_toolkit 2.7.0 (and what they import)
+# Pins: tests/requirements-cpu.txt, tests/requirements-py312.txt, tests/requirements-bridge.txt.
+# The bridge environment is a layer over .venv312 (its site-packages are on the path through a
+# .pth file), so that Megatron-LM runs in .venv312 do not import what Bridge and NeMo bring:
+# Megatron-LM imports nvidia-modelopt whenever it is installed (11 s in every process).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 case "${1:-py311}" in
-  py311) version=3.11 venv=.venv requirements=tests/requirements-cpu.txt extra= ;;
-  py312) version=3.12 venv=.venv312 requirements=tests/requirements-py312.txt
-    extra=tests/requirements-bridge.txt ;;
-  *) echo "usage: $0 [py311|py312]" >&2; exit 2 ;;
+  py311) version=3.11 venv=.venv requirements=tests/requirements-cpu.txt ;;
+  py312) version=3.12 venv=.venv312 requirements=tests/requirements-py312.txt ;;
+  bridge) bash "$0" py312
+    version=3.12 venv=.venv312-bridge requirements=tests/requirements-bridge.txt ;;
+  *) echo "usage: $0 [py311|py312|bridge]" >&2; exit 2 ;;
 esac
 
 find_python() {  # python$1 on PATH, else a pyenv install of it
@@ -32,16 +38,21 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-$(find_python "$version")}" -m venv "$venv"
 fi
 stamp=$venv/.del-megatron-installed
-if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-    || { [ -n "$extra" ] && [ "$extra" -nt "$stamp" ]; }; then
+if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-  # torch first and exactly pinned, so nothing after it can pull another build.
-  "${pip[@]}" "$(grep -E '^torch==' "$requirements")"
-  "${pip[@]}" -r "$requirements"
-  # Megatron-Bridge and NeMo, pinned with what they import on CPU; their own requirements
-  # (Transformer Engine, CUDA-only packages) cannot install here.
-  if [ -n "$extra" ]; then "${pip[@]}" --no-deps -r "$extra"; fi
-  "${pip[@]}" --no-deps -e .
+  if [ "$venv" = .venv312-bridge ]; then
+    base=$(.venv312/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import site; site.addsitedir('$base')" >"$own/del_megatron_base_env.pth"
+    # Megatron-Bridge and NeMo, pinned with what they import on CPU; their own requirements
+    # (Transformer Engine, CUDA-only packages) cannot install here.
+    "${pip[@]}" --no-deps -r "$requirements"
+  else
+    # torch first and exactly pinned, so nothing after it can pull another build.
+    "${pip[@]}" "$(grep -E '^torch==' "$requirements")"
+    "${pip[@]}" -r "$requirements"
+    "${pip[@]}" --no-deps -e .
+  fi
   touch "$stamp"
 fi
 # The test suite lints the shell scripts with Debian's shellcheck.

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Sets up the pinned environments and runs the test stages. With no argument, everything CI runs:
 #   lint   ruff format + lint (Python 3.11 environment)
-#   unit   the package's unit tests, on both pinned environments
+#   unit   the package's unit tests, on both pinned environments; on Python 3.12 the
+#          Megatron-Bridge and NeMo tests run in the bridge layer (.venv312-bridge)
 #   e2e    Megatron-LM's own pretrain_gpt.py (patched) and examples/pretrain_gpt_del.py under
 #          torchrun on CPU: core_v0.16.1 on Python 3.11 / megatron-core 0.16.1, core_v0.18.0 and
-#          core_v0.19.0 on Python 3.12 / megatron-core 0.19.2 (MEGATRON_LM_DIR: your checkout)
+#          core_v0.19.0 on Python 3.12 / megatron-core 0.19.2 (MEGATRON_LM_DIR: your checkout);
+#          on Python 3.11 also docker/launch.sh on this machine (tests/e2e/test_launch_cpu.py)
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)
 # Usage: bash tests/run.sh [lint|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
-# environments; extra pytest arguments go in PYTEST_ARGS.
+# environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the image stage
+# runs in the background from the start, after the Python 3.12 set-up it copies torch from: its
+# build is mostly downloads and disk writes. Its log is printed when it ends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 envs=${DEL_TEST_ENVS:-"py311 py312"}
 stages=("$@")
-[ "${#stages[@]}" -gt 0 ] || stages=(lint unit e2e image)
 
-venv_of() { if [ "$1" = py311 ]; then echo .venv; else echo .venv312; fi; }
+venv_of() {
+  case "$1" in py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;; esac
+}
 
 stage() {
   local name=$1 start=$SECONDS
@@ -39,13 +44,59 @@ pytest_in() {  # pytest_in ENV ARGS...: pytest in that pinned environment
   "$(venv_of "$env")/bin/python" -m pytest -q -p no:cacheprovider "$@" ${PYTEST_ARGS:-}
 }
 
+unit_in() {
+  pytest_in "$1" tests --ignore=tests/e2e --ignore=tests/image
+  if [ "$1" = py312 ]; then
+    echo "--- Megatron-Bridge and NeMo (.venv312-bridge)"
+    DEL_TEST_BRIDGE=1 pytest_in bridge tests/test_bridge.py tests/test_nemo.py
+  fi
+}
+
+e2e_in() {
+  # docker/launch.sh on this machine: on 3.11 here, on 3.12 in the image stage's containers
+  if [ "$1" = py311 ]; then skip=(); else skip=(--ignore=tests/e2e/test_launch_cpu.py); fi
+  pytest_in "$1" tests/e2e "${skip[@]}"
+}
+
+everything() {
+  local image_log ready image_pid=
+  image_log=$(mktemp /tmp/del-megatron-ci-image.XXXXXX)
+  ready=$image_log.py312-ready
+  stage lint lint
+  (
+    stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge
+    touch "$ready"
+    stage image bash tests/image/run.sh
+  ) >"$image_log" 2>&1 &
+  image_pid=$!
+  # a failing stage ends the run: the image stage is stopped (its clean-up runs)
+  trap '[ -n "$image_pid" ] && pkill -TERM -P "$image_pid"; wait' EXIT
+  stage "unit (py311)" unit_in py311
+  stage "e2e (py311)" e2e_in py311
+  until [ -f "$ready" ] || ! kill -0 "$image_pid" 2>/dev/null; do sleep 2; done
+  [ -f "$ready" ] || { cat "$image_log"; echo "set-up (py312) failed" >&2; exit 1; }
+  stage "unit (py312)" unit_in py312
+  stage "e2e (py312)" e2e_in py312
+  echo "=== waiting for the image stage (background)"
+  local rc=0
+  wait "$image_pid" || rc=$?
+  image_pid=
+  cat "$image_log"
+  rm -f "$image_log" "$ready"
+  return "$rc"
+}
+
+if [ "${#stages[@]}" -eq 0 ]; then
+  [ "$envs" = "py311 py312" ] || { echo "DEL_TEST_ENVS needs stage names" >&2; exit 2; }
+  everything
+  echo "=== all stages: $SECONDS s"
+  exit 0
+fi
 for name in "${stages[@]}"; do
   case "$name" in
     lint) stage lint lint ;;
-    unit) for env in $envs; do
-        stage "unit ($env)" pytest_in "$env" tests --ignore=tests/e2e --ignore=tests/image
-      done ;;
-    e2e) for env in $envs; do stage "e2e ($env)" pytest_in "$env" tests/e2e; done ;;
+    unit) for env in $envs; do stage "unit ($env)" unit_in "$env"; done ;;
+    e2e) for env in $envs; do stage "e2e ($env)" e2e_in "$env"; done ;;
     image) stage image bash tests/image/run.sh ;;
     *) echo "unknown stage $name: lint, unit, e2e or image" >&2; exit 2 ;;
   esac
