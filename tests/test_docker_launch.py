@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "docker" / "launch.sh"
-DOCKERFILES = [ROOT / "docker/Dockerfile", ROOT / "tests/image/standin.Dockerfile"]
+DOCKERFILES = [ROOT / "docker/Dockerfile"]
 SCRIPTS = [
     LAUNCH,
     ROOT / "docker/slurm.sbatch",
