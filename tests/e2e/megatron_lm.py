@@ -111,6 +111,7 @@ class Run:
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|(.*)$")
 _VALIDATION = re.compile(r"validation loss at iteration (\d+) .*?\|(.*)$")
 _ENTRY = re.compile(r"^\s*([a-z][a-z0-9 _-]*?)\s*:\s*([-+0-9.eEnaNifINF]+)\s*$")
+_MEMORY_REPORT = "[Rank "
 _VALUE = re.compile(r"^\s*([a-z][a-z0-9 _-]*?) value\s*:\s*([-+0-9.eEnaNifINF]+)\s*$")
 
 
@@ -120,7 +121,9 @@ def parse_log(text: str) -> tuple:
     for line in text.splitlines():
         found = _ITERATION.search(line)
         if found:
-            entries = (_ENTRY.match(part) for part in found.group(2).split("|"))
+            # rank 0's memory report can land on the same line (stdout of two ranks interleaved)
+            logged = found.group(2).split(_MEMORY_REPORT)[0]
+            entries = (_ENTRY.match(part) for part in logged.split("|"))
             iterations[int(found.group(1))] = {m[1]: float(m[2]) for m in entries if m}
             continue
         found = _VALIDATION.search(line)
