@@ -16,8 +16,9 @@ _bridge = os.environ.get("DEL_TEST_BRIDGE") == "1" or (
 )
 collect_ignore = [] if _bridge else ["test_bridge.py", "test_nemo.py"]
 
-# Worker groups kept alive at once (each process holds torch, and some Megatron-Core).
-MAX_LIVE_GROUPS = 2
+# Worker groups kept alive at once (each process holds torch and Megatron-Core, ~0.5 GB; a new
+# group costs its processes' imports, ~10 s). The suite uses 7 layouts.
+MAX_LIVE_GROUPS = 4
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,6 +36,7 @@ def gloo():
     groups: OrderedDict[tuple, GlooWorkers] = OrderedDict()
 
     def get(world_size: int, **megatron: int) -> GlooWorkers:
+        megatron = megatron or {"tensor_model_parallel_size": world_size}
         key = (world_size, *sorted(megatron.items()))
         group = groups.pop(key, None)
         if group is None or not group.alive():

@@ -1,8 +1,8 @@
 """Run test bodies on several real processes joined by a gloo process group.
 
-GlooWorkers keeps a group of processes alive and runs one body after another on all of its ranks,
-so that every check is its own test without paying a spawn (3-5 s) for each; run_distributed
-spawns a fresh group for one call (the Megatron tests, which set up parallel_state).
+GlooWorkers keeps a group of processes alive, with Megatron's parallel_state set up in the
+layout asked for, and runs one body after another on all of its ranks, so that every check is
+its own test without paying a spawn (imports: ~10 s) for each.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import queue
 import time
 import traceback
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict
 
 import torch
 import torch.distributed as dist
@@ -20,64 +20,12 @@ import torch.multiprocessing as mp
 
 from del_megatron.cli import free_port
 
-__all__ = ["GlooWorkers", "free_port", "run_distributed"]
+__all__ = ["GlooWorkers", "free_port"]
 
 # A rank that waits this long in a collective for a peer that failed gives up.
 COLLECTIVE_TIMEOUT_S = 120
 # After one rank fails, how long the others get to report before the group is closed.
 FAILURE_GRACE_S = 10
-
-
-def _entry(rank, world_size, port, megatron_tp, megatron_pp, megatron_cp, megatron_vp, fn, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        if megatron_tp:
-            from megatron.core import parallel_state
-
-            parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=megatron_tp,
-                pipeline_model_parallel_size=megatron_pp,
-                context_parallel_size=megatron_cp,
-                virtual_pipeline_model_parallel_size=megatron_vp,
-            )
-        fn(*args)
-    finally:
-        if megatron_tp:
-            from megatron.core import parallel_state
-
-            parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-
-
-def run_distributed(
-    fn: Callable[..., Any],
-    world_size: int,
-    *args: Any,
-    megatron_tp: int = 0,
-    megatron_pp: int = 1,
-    megatron_cp: int = 1,
-    megatron_vp: Optional[int] = None,
-):
-    """Call fn(*args) on `world_size` spawned processes (gloo). With megatron_tp, Megatron-Core's
-    parallel_state is initialised with that tensor- (and megatron_pp pipeline-, megatron_cp
-    context-, megatron_vp virtual-pipeline-) parallel size.
-    A failing rank fails the caller with its traceback."""
-    mp.spawn(
-        _entry,
-        args=(
-            world_size,
-            free_port(),
-            megatron_tp,
-            megatron_pp,
-            megatron_cp,
-            megatron_vp,
-            fn,
-            args,
-        ),
-        nprocs=world_size,
-    )
 
 
 def _next_task(tasks, parent: int):

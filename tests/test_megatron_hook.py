@@ -5,7 +5,6 @@ import json
 import pytest
 
 from . import megatron_workers
-from .distributed import run_distributed
 from .megatron_workers import train_curve
 
 HOOK_CHECKS = [
@@ -36,11 +35,11 @@ def test_hook_under_context_parallel_and_packed_sequences(gloo, check):
     workers.run(getattr(megatron_workers, f"check_{check}"))
 
 
-def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(tmp_path):
+def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(gloo, tmp_path):
     curves = {}
     for tp, sp in ((1, False), (2, True)):
         path = tmp_path / f"tp{tp}.json"
-        run_distributed(train_curve, tp, tp, sp, 30, str(path), megatron_tp=tp)
+        gloo(tp, tensor_model_parallel_size=tp).run(train_curve, tp, sp, 30, str(path))
         curves[tp] = json.loads(path.read_text())
     assert len(curves[1]) == 30
     assert curves[1] == pytest.approx(curves[2], rel=1e-5, abs=1e-5)
@@ -48,15 +47,24 @@ def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(tmp_pa
     assert last < 0.7 * first, curves[1]
 
 
-def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_schedules(tmp_path):
+def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_schedules(
+    gloo, tmp_path
+):
     from .megatron_workers import pipeline_curve
 
     reports = {}
-    for pp, vp in ((1, None), (2, None), (2, 2)):
+    layouts = {
+        (1, None): {"tensor_model_parallel_size": 1},
+        (2, None): {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
+        (2, 2): {
+            "tensor_model_parallel_size": 1,
+            "pipeline_model_parallel_size": 2,
+            "virtual_pipeline_model_parallel_size": 2,
+        },
+    }
+    for (pp, vp), layout in layouts.items():
         path = tmp_path / f"pp{pp}-vp{vp}.json"
-        run_distributed(
-            pipeline_curve, pp, 3, str(path), vp or 1, megatron_tp=1, megatron_pp=pp, megatron_vp=vp
-        )
+        gloo(pp, **layout).run(pipeline_curve, 3, str(path), vp or 1)
         reports[pp, vp] = json.loads(path.read_text())
     assert len(reports[1, None]) == 3
     for one, two, interleaved in zip(

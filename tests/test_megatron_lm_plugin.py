@@ -13,7 +13,6 @@ import del_megatron as dm
 from del_megatron import megatron as dmm
 from del_megatron.megatron import lm, telemetry
 
-from .distributed import run_distributed
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
 from .megatron_workers import _ToyDigitTokenizer
 
@@ -50,8 +49,8 @@ def check_wrapped_model_provider():
     assert not dmm.is_registered()
 
 
-def test_wrapped_model_provider():
-    run_distributed(check_wrapped_model_provider, 1, megatron_tp=1)
+def test_wrapped_model_provider(gloo):
+    gloo(1).run(check_wrapped_model_provider)
 
 
 def test_install_wraps_loss_func_and_forward_step_once():
