@@ -9,9 +9,10 @@
 #          on Python 3.11 also docker/launch.sh on this machine (tests/e2e/test_launch_cpu.py)
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)
 # Usage: bash tests/run.sh [lint|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
-# environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the image stage
-# runs in the background from the start, after the Python 3.12 set-up it copies torch from: its
-# build is mostly downloads and disk writes. Its log is printed when it ends.
+# environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI), after lint, the
+# Python 3.11 stages run here while the Python 3.12 set-up, then its stages and the image stage
+# run in the background (each stream alone leaves part of the 2 cores idle: imports, downloads,
+# disk writes); their logs are printed when they end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -20,6 +21,17 @@ stages=("$@")
 
 venv_of() {
   case "$1" in py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;; esac
+}
+
+background=()  # the pids of everything()'s background streams
+
+stop_background() {
+  local pid
+  for pid in "${background[@]}"; do
+    pkill -TERM -P "$pid" || true
+    kill "$pid" 2>/dev/null || true
+  done
+  wait
 }
 
 stage() {
@@ -59,9 +71,12 @@ e2e_in() {
 }
 
 everything() {
-  local image_log ready image_pid=
-  image_log=$(mktemp /tmp/del-megatron-ci-image.XXXXXX)
-  ready=$image_log.py312-ready
+  # Three streams on the 2 cores, each alone about 1.5 cores busy: Python 3.11 (unit, e2e) here;
+  # in the background, the Python 3.12 set-up, then both the image stage and Python 3.12's
+  # unit and e2e stages. The background logs are printed when they end.
+  local logs py312_log image_log ready py312_pid image_pid
+  logs=$(mktemp -d /tmp/del-megatron-ci.XXXXXX)
+  py312_log=$logs/py312.log image_log=$logs/image.log ready=$logs/py312-ready
   stage lint lint
   (
     stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge
@@ -69,21 +84,28 @@ everything() {
     stage image bash tests/image/run.sh
   ) >"$image_log" 2>&1 &
   image_pid=$!
-  # a failing stage ends the run: the image stage is stopped (its clean-up runs)
-  trap '[ -n "$image_pid" ] && pkill -TERM -P "$image_pid"; wait' EXIT
+  (
+    until [ -f "$ready" ] || ! kill -0 "$image_pid" 2>/dev/null; do sleep 2; done
+    [ -f "$ready" ] || { echo "set-up (py312) failed: see the image log"; exit 1; }
+    stage "unit (py312)" unit_in py312
+    stage "e2e (py312)" e2e_in py312
+  ) >"$py312_log" 2>&1 &
+  py312_pid=$!
+  # a failing stage ends the run: the others are stopped (the image stage's clean-up runs)
+  background=("$py312_pid" "$image_pid")
+  trap stop_background EXIT
   stage "unit (py311)" unit_in py311
   stage "e2e (py311)" e2e_in py311
-  until [ -f "$ready" ] || ! kill -0 "$image_pid" 2>/dev/null; do sleep 2; done
-  [ -f "$ready" ] || { cat "$image_log"; echo "set-up (py312) failed" >&2; exit 1; }
-  stage "unit (py312)" unit_in py312
-  stage "e2e (py312)" e2e_in py312
+  local rc=0 image_rc=0
+  echo "=== waiting for Python 3.12's stages (background)"
+  wait "$py312_pid" || rc=$?
+  cat "$py312_log"
   echo "=== waiting for the image stage (background)"
-  local rc=0
-  wait "$image_pid" || rc=$?
-  image_pid=
+  wait "$image_pid" || image_rc=$?
+  background=()
   cat "$image_log"
-  rm -f "$image_log" "$ready"
-  return "$rc"
+  rm -rf "$logs"
+  [ "$rc" = 0 ] && [ "$image_rc" = 0 ]
 }
 
 if [ "${#stages[@]}" -eq 0 ]; then
