@@ -4,6 +4,7 @@ the CPU demo (CE vs DEL).
 del-megatron check --tokenizer tok.model     # digit ids and the Megatron-LM flags to add
 del-megatron prepare --out data/             # synthetic corpus, trained SentencePiece
 del-megatron demo --out runs/demo            # prepare + train CE and DEL (torchrun, TP=2)
+del-megatron compare --out runs/compare      # every loss x 5 seeds, means and 95% intervals
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import warnings
 from dataclasses import fields
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from .demo.config import NON_NEGATIVE, NOT_FLAGS, POSITIVE, TrainConfig
 from .loss import LOSSES
@@ -61,15 +62,25 @@ def _existing(what: str, want_file: bool) -> Callable[[str], str]:
     return parse
 
 
+def _arm(text: str):
+    """argparse type: LOSS or LOSS@WEIGHT (del_megatron.demo.compare.Arm)."""
+    from .demo.compare import parse_arm
+
+    try:
+        return parse_arm(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def _train_flags(args) -> List[str]:
+def _train_flags(args, skip: Sequence[str] = ()) -> List[str]:
     """The flags that hand the demo's training settings on to a `train` worker."""
     argv = []
     for f in fields(TrainConfig):
-        if f.name not in NOT_FLAGS:
+        if f.name not in NOT_FLAGS and f.name not in skip:
             argv += [_flag(f.name), str(getattr(args, f.name))]
     return argv
 
@@ -160,10 +171,41 @@ def _demo(args) -> int:
     return 0
 
 
-def _add_train_args(parser: argparse.ArgumentParser) -> None:
+def _compare(args) -> int:
+    from .demo.compare import sweep, write_report
+    from .demo.data import prepare
+
+    data_dir = os.path.join(args.out, "data")
+    if not os.path.exists(os.path.join(data_dir, "meta.json")):
+        prepare(data_dir, args.corpus, args.tokenizer, args.num_docs, args.num_eval, args.data_seed)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+    def train(arm, seed: int, out_dir: str) -> int:
+        train_args = ["train", "--data-dir", data_dir, "--out-dir", out_dir, "--loss", arm.loss]
+        train_args += ["--alpha", str(arm.weight), "--seed", str(seed), "--resume"]
+        train_args += _train_flags(args, skip=COMPARE_SETS)
+        return subprocess.call(_torchrun(args.nproc, train_args), env=env)
+
+    try:
+        results = sweep(args.out, args.losses, args.seeds, train)
+    except RuntimeError as exc:
+        print(f"del-megatron compare: {exc}", file=sys.stderr)
+        return 1
+    paths = write_report(args.out, args.losses, args.seeds, results)
+    with open(paths["md"]) as fh:
+        print(fh.read(), end="")
+    print(f"wrote {paths['json']}, {paths['md']} and {paths['png']}")
+    return 0
+
+
+# Settings `compare` sets per run (from --losses and --seeds), not flags of its own.
+COMPARE_SETS = ("alpha", "seed")
+
+
+def _add_train_args(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
     defaults = TrainConfig(data_dir="", out_dir="")
     for f in fields(TrainConfig):
-        if f.name in NOT_FLAGS:
+        if f.name in NOT_FLAGS or f.name in skip:
             continue
         default = getattr(defaults, f.name)
         parser.add_argument(
@@ -203,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="tokenizer file or folder (default: train SentencePiece)",
         )
         p.add_argument("--num-docs", type=positive, default=20000)
-        p.add_argument("--num-eval", type=positive, default=128)
+        p.add_argument("--num-eval", type=positive, default=1000, help="held-out problems")
 
     check = sub.add_parser(
         "check", help="a tokenizer's digit ids for DEL, and the Megatron-LM flags to add"
@@ -236,6 +278,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(demo)
     demo.set_defaults(func=_demo)
 
+    compare = sub.add_parser(
+        "compare",
+        help="train every loss from the same seeds and compare them with 95%% intervals",
+        description="Every loss in --losses from every seed in --seeds, on the same data, in "
+        "the same order; each run evaluated on the whole held-out set; per metric the mean "
+        "over seeds with a 95%% Student-t interval and the paired difference against ce. "
+        "A rerun skips finished runs. Weights: LOSS takes its paper setting (del 0.1, ntl_was "
+        "and ntl_mse 0.3, dist2 0.1); LOSS@W sets W (repeat a loss to sweep it).",
+    )
+    compare.add_argument("--out", default="runs/compare")
+    compare.add_argument(
+        "--losses",
+        nargs="+",
+        type=_arm,
+        default=[_arm(name) for name in LOSSES],
+        metavar="LOSS[@WEIGHT]",
+        help=f"losses ({', '.join(LOSSES)}), each at its paper weight or @WEIGHT (default all)",
+    )
+    compare.add_argument(
+        "--seeds", nargs="+", type=_number(int, NON_NEGATIVE), default=[11, 22, 33, 44, 55]
+    )
+    compare.add_argument("--nproc", type=positive, default=2, help="processes = TP size")
+    compare.add_argument(
+        "--data-seed", type=_number(int, NON_NEGATIVE), default=1234, help="seed of the corpus"
+    )
+    data_args(compare)
+    _add_train_args(compare, skip=COMPARE_SETS)
+    compare.set_defaults(func=_compare)
+
     train = sub.add_parser("train", help="one training run (the torchrun worker)")
     train.add_argument("--data-dir", required=True, type=_existing("data dir", want_file=False))
     train.add_argument("--out-dir", required=True)
@@ -251,8 +322,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parsed and checked arguments; exits with argparse's usage error (status 2) on bad ones."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("demo", "train"):
-        _check_model_shape(parser, args, args.nproc if args.command == "demo" else None)
+    if args.command in ("demo", "train", "compare"):
+        _check_model_shape(parser, args, None if args.command == "train" else args.nproc)
+    if args.command == "compare":
+        names = [arm.name for arm in args.losses]
+        if len(set(names)) != len(names):
+            parser.error(f"--losses names a run twice: {' '.join(names)}")
+        if len(set(args.seeds)) != len(args.seeds):
+            parser.error(f"--seeds repeats a seed: {' '.join(map(str, args.seeds))}")
     return args
 
 

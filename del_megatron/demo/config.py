@@ -32,7 +32,7 @@ class TrainConfig:
     save_interval: int = _setting(100, POSITIVE, "steps between checkpoints")
     resume: bool = False
     stop_after: int = _setting(0, NON_NEGATIVE, "stop as if killed after this step (0: never)")
-    eval_problems: int = _setting(64, NON_NEGATIVE, "held-out problems to evaluate on")
+    eval_problems: int = _setting(0, NON_NEGATIVE, "held-out problems to evaluate on (0: all)")
     progress: bool = True
 
 

@@ -20,6 +20,7 @@ from .. import cpu
 from .. import megatron as dmm
 from .config import TrainConfig
 from .data import build_train_dataset, load_eval, tokenizer_path
+from .stats import ratio_standard_error, standard_error
 from .text_tokenizer import TextTokenizer
 
 
@@ -141,11 +142,11 @@ def _parse_number(text: str):
 def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab) -> Dict:
     """Teacher-forced digit accuracy on the answers; greedy-decoded exact-answer accuracy and
     mean |log10 error| = |log10(1 + |predicted|) - log10(1 + |true|)| (an answer that does not
-    parse counts as 0)."""
+    parse counts as 0); each with its standard error over the problems."""
     model.eval()
     digit_ids = torch.tensor(vocab.digit_ids)
-    correct_digits = total_digits = 0
-    exact, log_errors, samples = 0, [], []
+    correct_digits, total_digits = [], []
+    exact, log_errors, samples = [], [], []
     by_length: Dict[int, List[dict]] = {}
     for problem in problems:
         prompt = tok.encode(problem["prompt"])
@@ -155,8 +156,8 @@ def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVoc
         predicted = logits[len(prompt) - 1 : -1].argmax(-1)
         targets = full[0, len(prompt) :]
         is_digit = torch.isin(targets, digit_ids)
-        correct_digits += int(((predicted == targets) & is_digit).sum())
-        total_digits += int(is_digit.sum())
+        correct_digits.append(int(((predicted == targets) & is_digit).sum()))
+        total_digits.append(int(is_digit.sum()))
         by_length.setdefault(len(prompt), []).append({**problem, "ids": prompt})
     for group in by_length.values():
         tokens = torch.tensor([p["ids"] for p in group])
@@ -170,7 +171,7 @@ def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVoc
         for problem, ids in zip(group, generated, strict=True):
             text = tok.decode([i for i in ids if i != tok.eod])
             value, truth = _parse_number(text), float(problem["answer"])
-            exact += int(text.strip() == problem["answer"])
+            exact.append(int(text.strip() == problem["answer"]))
             guess = 0.0 if value is None else value
             log_errors.append(abs(math.log10(1 + abs(guess)) - math.log10(1 + abs(truth))))
             if len(samples) < 8:
@@ -179,9 +180,15 @@ def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVoc
                 )
     model.train()
     return {
-        "digit_accuracy": correct_digits / max(total_digits, 1),
-        "exact_accuracy": exact / max(len(problems), 1),
+        "digit_accuracy": sum(correct_digits) / max(sum(total_digits), 1),
+        "exact_accuracy": sum(exact) / max(len(exact), 1),
         "mean_abs_log10_error": sum(log_errors) / max(len(log_errors), 1),
+        "eval_problems": len(problems),
+        "standard_errors": {
+            "digit_accuracy": ratio_standard_error(correct_digits, total_digits),
+            "exact_accuracy": standard_error(exact),
+            "mean_abs_log10_error": standard_error(log_errors),
+        },
         "samples": samples,
     }
 
@@ -242,7 +249,7 @@ def train(cfg: TrainConfig) -> None:
         bar.close()
     finished = bool(history) and history[-1]["step"] == cfg.steps
     metrics = (
-        evaluate(model, tok, load_eval(cfg.data_dir)[: cfg.eval_problems], vocab)
+        evaluate(model, tok, load_eval(cfg.data_dir)[: cfg.eval_problems or None], vocab)
         if finished
         else {}
     )

@@ -1,0 +1,158 @@
+"""`del-megatron compare`: the statistics against hand-computed cases, the sweep's order and
+resume with a stand-in trainer, and the command itself at toy size with real torchrun runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from del_megatron.demo import compare, stats
+from del_megatron.demo.compare import Arm, parse_arm
+
+
+@pytest.mark.parametrize("df, quantile", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)])
+def test_t_quantiles_match_the_tables(df, quantile):
+    assert stats.t_quantile(0.975, df) == pytest.approx(quantile, abs=1e-4)
+
+
+def test_mean_interval_by_hand():
+    # mean 0.3, sd sqrt(0.02) = 0.141421, half width t(0.975, 1) * sd / sqrt(2) = 12.7062 * 0.1
+    got = stats.mean_interval([0.2, 0.4])
+    assert (got.mean, got.n) == (pytest.approx(0.3), 2)
+    assert (got.low, got.high) == (
+        pytest.approx(0.3 - 1.270620, abs=1e-6),
+        pytest.approx(1.570620, abs=1e-6),
+    )
+    one = stats.mean_interval([0.25])
+    assert one.mean == 0.25 and math.isnan(one.low) and math.isnan(one.high)
+
+
+def test_paired_difference_by_hand():
+    # differences 0.1, 0.2, 0.0: mean 0.1, sd 0.1, half width 4.302653 * 0.1 / sqrt(3) = 0.248414
+    got = stats.paired_difference([0.5, 0.7, 0.6], [0.4, 0.5, 0.6])
+    assert got.mean == pytest.approx(0.1)
+    assert (got.low, got.high) == (
+        pytest.approx(-0.148414, abs=1e-6),
+        pytest.approx(0.348414, abs=1e-6),
+    )
+    with pytest.raises(ValueError, match="paired with"):
+        stats.paired_difference([1.0], [1.0, 2.0])
+
+
+def test_standard_errors_by_hand():
+    # 0, 1, 1, 0: sd 0.577350, / sqrt(4)
+    assert stats.standard_error([0, 1, 1, 0]) == pytest.approx(0.288675, abs=1e-6)
+    # digits right / digits per problem: 2/2, 0/2, 1/1, 1/3 -> ratio 4/8 = 0.5; residuals
+    # 1, -1, 0.5, -0.5: sqrt(2.5 / (4 * 3)) / (8 / 4) = 0.228218
+    got = stats.ratio_standard_error([2, 0, 1, 1], [2, 2, 1, 3])
+    assert got == pytest.approx(0.228218, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "text, arm, name",
+    [
+        ("ce", Arm("ce", 0.0), "ce"),
+        ("del", Arm("del", 0.1), "del"),
+        ("ntl_was", Arm("ntl_was", 0.3), "ntl_was"),
+        ("del@0.01", Arm("del", 0.01), "del@0.01"),
+        ("dist2@0.1", Arm("dist2", 0.1), "dist2"),
+    ],
+)
+def test_arms_take_their_paper_weight_unless_given(text, arm, name):
+    assert parse_arm(text) == arm and arm.name == name
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [("mse", "unknown loss"), ("ce@0.1", "no weight"), ("del@x", "number"), ("del@-1", "non-neg")],
+)
+def test_bad_arms_are_refused(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_arm(text)
+
+
+def _finished_run(path, seed, loss):
+    """A metrics.json as the train worker writes it, with values that depend on seed and loss."""
+    os.makedirs(path, exist_ok=True)
+    bonus = 0.1 if loss != "ce" else 0.0
+    run = {
+        "finished": True,
+        "history": [{"step": 1, "ce": 1.0 - bonus}],
+        "digit_accuracy": 0.3 + bonus + seed / 1000,
+        "exact_accuracy": 0.05 + bonus / 2,
+        "mean_abs_log10_error": 0.2 - bonus + seed / 1000,
+        "standard_errors": {"digit_accuracy": 0.01, "exact_accuracy": 0.02},
+    }
+    with open(os.path.join(path, "metrics.json"), "w") as fh:
+        json.dump(run, fh)
+    return 0
+
+
+def test_sweep_order_resume_and_summary(tmp_path):
+    arms, seeds, calls = [parse_arm("ce"), parse_arm("del")], [11, 22], []
+
+    def train(arm, seed, path):
+        calls.append((seed, arm.name))
+        return _finished_run(path, seed, arm.loss)
+
+    results = compare.sweep(str(tmp_path), arms, seeds, train, log=lambda _: None)
+    assert calls == [(11, "ce"), (11, "del"), (22, "ce"), (22, "del")]
+    assert compare.sweep(str(tmp_path), arms, seeds, train, log=lambda _: None) == results
+    assert len(calls) == 4  # nothing trained again
+    summary = compare.summarize(results, seeds)
+    digit = summary["del"]["digit_accuracy"]
+    assert digit["per_seed"] == pytest.approx([0.411, 0.422])
+    assert digit["mean"] == pytest.approx(0.4165)
+    assert digit["difference"]["mean"] == pytest.approx(0.1)
+    assert digit["difference"]["low"] == pytest.approx(0.1)  # the same difference in both seeds
+    assert digit["standard_errors"] == [0.01, 0.01]
+    assert "difference" not in summary["ce"]["digit_accuracy"]
+    md = compare.table(summary)
+    assert "| del | 0.417 [0.347, 0.486] | +0.100 [+0.100, +0.100] better |" in md
+    log_error = compare._difference_cell(summary["del"]["mean_abs_log10_error"], "{:.4f}", False)
+    assert log_error.endswith("better")  # lower is better for the error
+
+
+def test_a_failed_run_stops_the_sweep_with_how_to_continue(tmp_path):
+    arms = [parse_arm("ce"), parse_arm("del")]
+    with pytest.raises(RuntimeError, match="seed 11, ce failed .exit 3.; rerun"):
+        compare.sweep(str(tmp_path), arms, [11], lambda *a: 3, log=lambda _: None)
+
+
+TOY = "--steps 6 --micro-batch 4 --seq-len 32 --hidden 64 --heads 4 --warmup 1 --save-interval 3"
+TOY_DATA = "--num-docs 400 --num-eval 12"
+
+
+def test_compare_command_at_toy_size(tmp_path):
+    """2 seeds x 2 losses through torchrun (one process: TP=2 is the demo test's); then a rerun
+    that trains nothing."""
+    out = tmp_path / "cmp"
+    argv = [sys.executable, "-m", "del_megatron.cli", "compare", "--out", str(out)]
+    argv += ["--losses", "ce", "del@0.5", "--seeds", "3", "4", "--nproc", "1"]
+    argv += [*TOY.split(), *TOY_DATA.split()]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = json.loads((out / "compare.json").read_text())
+    assert record["seeds"] == [3, 4] and set(record["summary"]) == {"ce", "del@0.5"}
+    for arm in ("ce", "del@0.5"):
+        for seed in (3, 4):
+            run = json.loads((out / f"seed-{seed}" / arm / "metrics.json").read_text())
+            assert run["finished"] and run["eval_problems"] == 12
+            assert run["config"]["seed"] == seed
+            assert run["config"]["alpha"] == (0.5 if arm != "ce" else 0.0)
+    del_digit = record["summary"]["del@0.5"]["digit_accuracy"]
+    ce_digit = record["summary"]["ce"]["digit_accuracy"]
+    assert del_digit["mean"] == pytest.approx(sum(del_digit["per_seed"]) / 2)
+    expected = [d - c for d, c in zip(del_digit["per_seed"], ce_digit["per_seed"], strict=True)]
+    assert del_digit["difference"]["mean"] == pytest.approx(sum(expected) / 2)
+    assert all(se is not None and se >= 0 for se in del_digit["standard_errors"])
+    assert (out / "compare.png").stat().st_size > 10_000
+    assert "| del@0.5 |" in (out / "compare.md").read_text()
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished before, not run again") == 4
+    assert json.loads((out / "compare.json").read_text())["summary"] == record["summary"]
