@@ -64,16 +64,32 @@ def launch(out_dir, data_dir, log_name, **env):
         start_new_session=True,
     )
     proc.log = log
+    proc.job_marker = f"MASTER_PORT={full_env['MASTER_PORT']}".encode()
     return proc
+
+
+def _kill_leftovers(marker: bytes) -> None:
+    """SIGKILL what the job left running: torchrun starts each worker in a session of its own,
+    and a killed worker's children (a spawn pool it had started) outlive it, orphaned."""
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
+            continue
+        try:
+            environ = (proc_dir / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc_dir.name), signal.SIGKILL)
 
 
 def finish(proc, timeout=300):
     try:
         proc.wait(timeout=timeout)
     finally:
-        # also what outlived its parent: a killed worker's own children keep the job's group
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(proc.job_marker)
     proc.log.seek(0)
     output = proc.log.read()
     assert proc.returncode == 0, output[-4000:]
