@@ -309,7 +309,7 @@ def _time_place_weights(labels, reps: int) -> float:
 
 
 def _spawn(case, phase, reps, names):
-    from del_megatron.cli import free_port
+    from del_megatron.ports import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -21,16 +20,10 @@ from typing import Callable, List, Optional, Sequence
 
 from .demo.config import NON_NEGATIVE, NOT_FLAGS, POSITIVE, TrainConfig
 from .loss import LOSSES
+from .ports import free_port
 
 # Everything that trains or prepares data (torch.distributed, Megatron-Core, the demo) is
 # imported inside the command that needs it: `del-megatron --help` and bad arguments stay fast.
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _number(kind: Callable, bound: str) -> Callable[[str], object]:

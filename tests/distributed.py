@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from del_megatron.cli import free_port
+from del_megatron.ports import free_port
 
 __all__ = ["GlooWorkers", "free_port"]
 

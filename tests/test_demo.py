@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from del_megatron.cli import free_port, main
+from del_megatron.cli import main
+from del_megatron.ports import free_port
 
 # A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
 TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
