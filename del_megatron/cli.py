@@ -180,7 +180,12 @@ def _compare(args) -> int:
         return subprocess.call(_torchrun(args.nproc, train_args), env=env)
 
     try:
-        results = sweep(args.out, args.losses, args.seeds, train)
+        settings = {
+            f.name: getattr(args, f.name)
+            for f in fields(TrainConfig)
+            if f.name not in NOT_FLAGS and f.name not in COMPARE_SETS
+        }
+        results = sweep(args.out, args.losses, args.seeds, train, settings)
     except RuntimeError as exc:
         print(f"del-megatron compare: {exc}", file=sys.stderr)
         return 1

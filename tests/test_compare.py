@@ -11,6 +11,7 @@ import pytest
 
 from del_megatron.demo import compare, stats
 from del_megatron.demo.compare import Arm, parse_arm
+from del_megatron.demo.config import differing_settings
 
 
 @pytest.mark.parametrize("df, quantile", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)])
@@ -74,11 +75,17 @@ def test_bad_arms_are_refused(text, match):
         parse_arm(text)
 
 
-def _finished_run(path, seed, loss):
+SETTINGS = {"steps": 500, "micro_batch": 16, "eval_problems": 0, "save_interval": 100}
+
+
+def _finished_run(path, seed, loss, weight=None, **changed):
     """A metrics.json as the train worker writes it, with values that depend on seed and loss."""
     os.makedirs(path, exist_ok=True)
     bonus = 0.1 if loss != "ce" else 0.0
+    weight = compare.PAPER_WEIGHTS[loss] if weight is None else weight
+    config = {**SETTINGS, "loss": loss, "alpha": weight, "seed": seed, "out_dir": path, **changed}
     run = {
+        "config": config,
         "finished": True,
         "history": [{"step": 1, "ce": 1.0 - bonus}],
         "digit_accuracy": 0.3 + bonus + seed / 1000,
@@ -98,9 +105,10 @@ def test_sweep_order_resume_and_summary(tmp_path):
         calls.append((seed, arm.name))
         return _finished_run(path, seed, arm.loss)
 
-    results = compare.sweep(str(tmp_path), arms, seeds, train, log=lambda _: None)
+    results = compare.sweep(str(tmp_path), arms, seeds, train, SETTINGS, log=lambda _: None)
     assert calls == [(11, "ce"), (11, "del"), (22, "ce"), (22, "del")]
-    assert compare.sweep(str(tmp_path), arms, seeds, train, log=lambda _: None) == results
+    again = compare.sweep(str(tmp_path), arms, seeds, train, SETTINGS, log=lambda _: None)
+    assert again == results
     assert len(calls) == 4  # nothing trained again
     summary = compare.summarize(results, seeds)
     digit = summary["del"]["digit_accuracy"]
@@ -119,7 +127,44 @@ def test_sweep_order_resume_and_summary(tmp_path):
 def test_a_failed_run_stops_the_sweep_with_how_to_continue(tmp_path):
     arms = [parse_arm("ce"), parse_arm("del")]
     with pytest.raises(RuntimeError, match="seed 11, ce failed .exit 3.; rerun"):
-        compare.sweep(str(tmp_path), arms, [11], lambda *a: 3, log=lambda _: None)
+        compare.sweep(str(tmp_path), arms, [11], lambda *a: 3, SETTINGS, log=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    "arm, changed, named",
+    [
+        ("ce", {"steps": 1000}, "steps 1000 -> 500"),
+        ("ce", {"eval_problems": 64}, "eval_problems 64 -> 0"),  # scored on other problems
+        ("del@0.05", {}, "alpha 0.1 -> 0.05"),
+    ],
+)
+def test_a_run_made_with_other_settings_is_not_reused(tmp_path, arm, changed, named):
+    """A folder from an earlier sweep with other settings must not mix into this one's table."""
+    arm = parse_arm(arm)
+    path = compare.run_dir(str(tmp_path), 11, arm)
+    _finished_run(path, 11, arm.loss, **changed)  # del at its paper weight, 0.1
+
+    def train(*args):
+        raise AssertionError("a run with other settings was trained over")
+
+    with pytest.raises(RuntimeError, match=f"{named}.*another --out"):
+        compare.sweep(str(tmp_path), [arm], [11], train, SETTINGS, log=lambda _: None)
+
+
+def test_a_run_that_differs_only_in_how_it_was_driven_is_reused(tmp_path):
+    path = compare.run_dir(str(tmp_path), 11, parse_arm("ce"))
+    _finished_run(path, 11, "ce", save_interval=7, stop_after=0, resume=True)
+    results = compare.sweep(
+        str(tmp_path), [parse_arm("ce")], [11], None, SETTINGS, log=lambda _: None
+    )
+    assert results["ce"][11]["digit_accuracy"] == pytest.approx(0.311)
+
+
+def test_differing_settings_names_each_change_and_skips_what_the_run_lacks():
+    saved = {"steps": 1000, "lr": 0.002, "seed": 1, "out_dir": "a", "eval_problems": 0}
+    wanted = {"steps": 500, "lr": 0.002, "seed": 2, "out_dir": "b", "hidden": 64}
+    wanted["eval_problems"] = 9
+    assert differing_settings(saved, wanted) == ["steps 1000 -> 500", "seed 1 -> 2"]
 
 
 TOY = "--steps 6 --micro-batch 4 --seq-len 32 --hidden 64 --heads 4 --warmup 1 --save-interval 3"

@@ -87,6 +87,15 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
     )
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((stopped / "metrics.json").read_text())["finished"] is False
+    other = subprocess.run(
+        torchrun() + ["--out-dir", str(stopped), "--resume", *common, "--lr", "0.00123"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert other.returncode != 0
+    assert "trained with other settings (lr" in other.stderr and "-> 0.00123" in other.stderr
     second = subprocess.run(
         torchrun() + ["--out-dir", str(stopped), "--resume", *common],
         capture_output=True,

@@ -12,12 +12,15 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Mapping, Sequence
 
 from . import report
+from .config import NOT_DEFINING, differing_settings
 from .stats import mean_interval, paired_difference
 
 BASELINE = "ce"
+# A reused run must also have been scored on the same held-out problems.
+REUSE_IGNORES = tuple(name for name in NOT_DEFINING if name != "eval_problems")
 # The weight of each numerical term at its paper setting for a SentencePiece-style tokenizer that
 # splits digits (this corpus's): DEL 0.1 as in the DEL authors' CodeLlama / Mistral runs, NTL
 # 0.3 as its authors recommend; DIST2 0.1, DEL's (the spec names no weight of its own).
@@ -85,15 +88,28 @@ def run_metrics(run: dict) -> Dict[str, float]:
     return values
 
 
+def check_finished_run(path: str, run: dict, wanted: Mapping[str, object]) -> None:
+    """A finished run is only reused if it trained, and was scored, as this sweep asks."""
+    differ = differing_settings(run.get("config", {}), wanted, ignore=REUSE_IGNORES)
+    if differ:
+        raise RuntimeError(
+            f"{path} holds a run with other settings ({', '.join(differ)}): rerun with the "
+            "settings of the runs in that folder, pass another --out, or delete the run to "
+            "train it again"
+        )
+
+
 def sweep(
     out: str,
     arms: Sequence[Arm],
     seeds: Sequence[int],
     train: Callable[[Arm, int, str], int],
+    settings: Mapping[str, object],
     log: Callable[[str], None] = print,
 ) -> Dict[str, Dict[int, Dict[str, float]]]:
     """Train every (seed, arm) in that order unless it finished before; {arm: {seed: metrics}}.
-    `train(arm, seed, out_dir)` runs one training and returns its exit status."""
+    `train(arm, seed, out_dir)` runs one training and returns its exit status; `settings` are
+    the training settings (TrainConfig fields) every run shares."""
     results: Dict[str, Dict[int, Dict[str, float]]] = {arm.name: {} for arm in arms}
     total, done = len(arms) * len(seeds), 0
     for seed in seeds:
@@ -101,6 +117,9 @@ def sweep(
             done += 1
             path = run_dir(out, seed, arm)
             run = read_run(path)
+            if run:
+                wanted = {**settings, "loss": arm.loss, "alpha": arm.weight, "seed": seed}
+                check_finished_run(path, run, wanted)
             if run.get("finished"):
                 log(f"[{done}/{total}] seed {seed}, {arm.name}: finished before, not run again")
             else:

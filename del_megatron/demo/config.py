@@ -4,6 +4,7 @@ each numeric setting must lie in (checked by argparse before anything launches).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import List, Mapping, Sequence
 
 # Ranges of numeric settings: "positive" (> 0) or "non-negative" (>= 0).
 POSITIVE, NON_NEGATIVE = "positive", "non-negative"
@@ -19,7 +20,7 @@ class TrainConfig:
     out_dir: str
     loss: str = "del"
     alpha: float = _setting(0.1, NON_NEGATIVE, "weight of the numerical term")
-    steps: int = _setting(1000, POSITIVE, "optimizer steps")
+    steps: int = _setting(500, POSITIVE, "optimizer steps")
     micro_batch: int = _setting(16, POSITIVE, "sequences a step")
     seq_len: int = _setting(64, POSITIVE, "tokens a sequence")
     hidden: int = _setting(192, POSITIVE, "hidden size (a multiple of --heads)")
@@ -38,3 +39,29 @@ class TrainConfig:
 
 # Fields that are not flags of their own (the CLI sets them by other means).
 NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress")
+
+# Fields that do not change what a run trains: where it lives, how it is driven, how much of the
+# held-out set it is scored on (a rerun can score again; the weights are the same).
+NOT_DEFINING = (
+    "data_dir",
+    "out_dir",
+    "resume",
+    "progress",
+    "stop_after",
+    "save_interval",
+    "eval_problems",
+)
+
+
+def differing_settings(
+    saved: Mapping[str, object],
+    wanted: Mapping[str, object],
+    ignore: Sequence[str] = NOT_DEFINING,
+) -> List[str]:
+    """'name saved -> wanted' for each setting in `wanted` (but `ignore`) that a saved run (the
+    config in its metrics.json or checkpoint) has otherwise. Settings it lacks are skipped."""
+    return [
+        f"{name} {saved[name]!r} -> {value!r}"
+        for name, value in wanted.items()
+        if name not in ignore and name in saved and saved[name] != value
+    ]

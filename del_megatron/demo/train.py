@@ -18,7 +18,7 @@ import del_megatron as dm
 
 from .. import cpu
 from .. import megatron as dmm
-from .config import TrainConfig
+from .config import TrainConfig, differing_settings
 from .data import build_train_dataset, load_eval, tokenizer_path
 from .stats import ratio_standard_error, standard_error
 from .text_tokenizer import TextTokenizer
@@ -95,6 +95,7 @@ def save_checkpoint(cfg, step, model, optimizer, scheduler, history) -> None:
             "scheduler": scheduler.state_dict(),
             "rng": torch.get_rng_state(),
             "history": history,
+            "config": asdict(cfg),
         },
         os.path.join(path, f"train_state_rank{dist.get_rank()}.pt"),
     )
@@ -114,14 +115,24 @@ def load_checkpoint(cfg, model, optimizer, scheduler):
         return 0, []
     with open(latest) as fh:
         path = os.path.join(_checkpoint_dir(cfg), fh.read().strip())
-    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
     state = torch.load(
         os.path.join(path, f"train_state_rank{dist.get_rank()}.pt"), weights_only=False
     )
+    differ = differing_settings(state.get("config", {}), asdict(cfg))
+    if differ:  # the same on every rank: all of them stop here
+        raise ValueError(
+            f"the checkpoint in {path} was trained with other settings ({', '.join(differ)}): "
+            "resume with the settings it was trained with, or train into another output folder"
+        )
+    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
     return state["step"], state["history"]
+
+
+EVAL_BATCH = 64  # sequences a teacher-forced evaluation forward
+ANSWER_TOKENS = 12  # the most tokens greedy decoding writes for an answer
 
 
 def _full_logits(model, tokens):
@@ -147,27 +158,35 @@ def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVoc
     digit_ids = torch.tensor(vocab.digit_ids)
     correct_digits, total_digits = [], []
     exact, log_errors, samples = [], [], []
-    by_length: Dict[int, List[dict]] = {}
+    by_length: Dict[int, List[dict]] = {}  # for generation: prompts of one length
+    by_full_length: Dict[int, List[tuple]] = {}  # for teacher forcing: prompt + answer
     for problem in problems:
         prompt = tok.encode(problem["prompt"])
         answer = tok.encode(problem["answer"])
-        full = torch.tensor([prompt + answer])
-        logits = _full_logits(model, full)[0]
-        predicted = logits[len(prompt) - 1 : -1].argmax(-1)
-        targets = full[0, len(prompt) :]
-        is_digit = torch.isin(targets, digit_ids)
-        correct_digits.append(int(((predicted == targets) & is_digit).sum()))
-        total_digits.append(int(is_digit.sum()))
         by_length.setdefault(len(prompt), []).append({**problem, "ids": prompt})
+        by_full_length.setdefault(len(prompt) + len(answer), []).append((prompt, answer))
+    for pairs in by_full_length.values():
+        for start in range(0, len(pairs), EVAL_BATCH):
+            chunk = pairs[start : start + EVAL_BATCH]
+            full = torch.tensor([prompt + answer for prompt, answer in chunk])
+            predicted = _full_logits(model, full).argmax(-1)  # [b, s]
+            for row, (prompt, _) in enumerate(chunk):
+                targets = full[row, len(prompt) :]
+                is_digit = torch.isin(targets, digit_ids)
+                hits = (predicted[row, len(prompt) - 1 : -1] == targets) & is_digit
+                correct_digits.append(int(hits.sum()))
+                total_digits.append(int(is_digit.sum()))
     for group in by_length.values():
         tokens = torch.tensor([p["ids"] for p in group])
         generated = [[] for _ in group]
-        for _ in range(12):
+        for _ in range(ANSWER_TOKENS):
             next_ids = _full_logits(model, tokens)[:, -1].argmax(-1)
             tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
             for row, token in enumerate(next_ids.tolist()):
                 if not (generated[row] and generated[row][-1] == tok.eod):  # row not finished
                     generated[row].append(token)
+            if all(ids and ids[-1] == tok.eod for ids in generated):
+                break
         for problem, ids in zip(group, generated, strict=True):
             text = tok.decode([i for i in ids if i != tok.eod])
             value, truth = _parse_number(text), float(problem["answer"])
