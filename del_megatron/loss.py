@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from .heads import HEADS
 from .kernels import ProcessGroup, digit_cross_entropy
+from .kernels.linear import SequenceParallelGather
 from .numbers import (
     NumberLayout,
     check_label_dtype,
@@ -308,6 +309,7 @@ def numerical_linear_loss(
     *,
     cp_group: ProcessGroup = None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    sequence_parallel: bool = False,
     kernel: str = "auto",
     inplace: bool = False,
     validate: bool = True,
@@ -322,19 +324,33 @@ def numerical_linear_loss(
     chunk_tokens at a time (default: 256 MiB of fp32 logits a chunk) and multiplied out again
     in backward. Gradients reach hidden (summed over the tensor-parallel group) and weight.
 
+    sequence_parallel: hidden is [s/tp, b, h], this rank's slice of the positions, as Megatron's
+    --sequence-parallel hands it to the output layer (labels stay [b, s]); it is all-gathered
+    over tp_group here ([s, b, h], small beside the logits) and its gradient comes back sliced.
+
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.
     """
     _check_config(cfg)
-    _check_linear_inputs(hidden, weight, labels, tp_group)
+    _check_linear_inputs(hidden, weight, labels, tp_group, sequence_parallel)
+    if sequence_parallel and _world(tp_group) > 1:
+        hidden = SequenceParallelGather.apply(hidden, tp_group)
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
     inputs = (hidden.reshape(-1, hidden.size(-1)), weight)
     parts = _kernel_parts(inputs, labels, cfg, tp_group, cp_group, cu_seqlens, how)
     return _result(parts, cfg, return_parts)
 
 
+def _world(group: ProcessGroup) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
 def _check_linear_inputs(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, tp_group: ProcessGroup
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    tp_group: ProcessGroup,
+    sequence_parallel: bool,
 ) -> None:
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not isinstance(t, torch.Tensor):
@@ -355,17 +371,18 @@ def _check_linear_inputs(
             f"{weight.dtype} (cast the weight, or run the output layer under the same autocast)"
         )
     check_label_dtype(labels)
-    s, b, _ = hidden.shape
-    if labels.dim() == 2 and labels.size(0) == b and tp_group is not None:
-        tp = dist.get_world_size(tp_group)
-        if tp > 1 and labels.size(1) == s * tp:
+    local, b, _ = hidden.shape
+    tp = _world(tp_group)
+    s = local * tp if sequence_parallel else local
+    if not sequence_parallel and tp > 1 and labels.dim() == 2 and labels.size(0) == b:
+        if labels.size(1) == local * tp:
             raise ValueError(
-                f"hidden holds {s} of the {labels.size(1)} positions: it is sequence-parallel. "
-                "Gather it over the tensor-parallel group first "
-                "(megatron.core.tensor_parallel.gather_from_sequence_parallel_region)"
+                f"hidden holds {local} of the {labels.size(1)} positions: it is "
+                "sequence-parallel. Pass sequence_parallel=True (it is gathered inside)"
             )
     if tuple(labels.shape) != (b, s):
+        held = f"{tp} sequence-parallel slices of " if sequence_parallel else ""
         raise ValueError(
             f"labels must be [batch, seq] = [{b}, {s}] to match hidden [seq, batch, hidden] = "
-            f"{list(hidden.shape)}, got {list(labels.shape)}"
+            f"{held}{list(hidden.shape)}, got {list(labels.shape)}"
         )

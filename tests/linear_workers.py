@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import del_megatron as dm
 from del_megatron.loss import LOSSES
+from del_megatron.sequence import cp_positions
 
 from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
 
@@ -123,7 +124,8 @@ class _RowShardOfReplicated(torch.autograd.Function):
 
 
 def check_sequence_parallel_hidden_refused(seed: int) -> None:
-    """A sequence-parallel hidden (seq / tp rows) is refused on every rank with the fix named."""
+    """A sequence-parallel hidden (seq / tp rows) without sequence_parallel=True is refused on
+    every rank with the fix named."""
     world = dist.get_world_size()
     labels = number_rich_labels(BATCH, 4 * world, 0)
     hidden = torch.randn(4, BATCH, HIDDEN)
@@ -132,13 +134,96 @@ def check_sequence_parallel_hidden_refused(seed: int) -> None:
     try:
         dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=dist.group.WORLD)
     except ValueError as exc:
-        assert "sequence-parallel" in str(exc), exc
+        assert "sequence-parallel" in str(exc) and "sequence_parallel=True" in str(exc), exc
     else:
         raise AssertionError("a sequence-parallel hidden was not refused")
+
+
+def _whole_reference(labels, hidden, weight, cfg, upstream):
+    """The materialised path on the whole sequence, in fp64, and its gradients."""
+    hidden = hidden.double().requires_grad_(True)
+    weight = weight.double().requires_grad_(True)
+    loss = dm.numerical_lm_loss(labels, hidden @ weight.t(), cfg)
+    (loss * upstream.double()).sum().backward()
+    return loss.detach(), hidden.grad, weight.grad
+
+
+def _gathered_rows(t: torch.Tensor, group) -> torch.Tensor:
+    pieces = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, t.contiguous(), group=group)
+    return torch.cat(pieces)
+
+
+def check_sequence_parallel_equals_materialised(seed: int) -> None:
+    """sequence_parallel=True: each TP rank holds its slice of the positions; loss, grad of its
+    hidden slice and grad of its weight shard equal the whole-sequence materialised path."""
+    tp, rank, group = dist.get_world_size(), dist.get_rank(), dist.group.WORLD
+    seq = 5 * tp
+    labels = number_rich_labels(BATCH, seq, seed)
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(seq, BATCH, HIDDEN, generator=gen)
+    weight = torch.randn(PADDED_VOCAB_SIZE, HIDDEN, generator=gen) / 2
+    upstream = torch.rand(BATCH, seq, generator=gen) + 0.5
+    rows = slice(rank * 5, (rank + 1) * 5)
+    for loss in LOSSES:
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction="digit")
+        want = _whole_reference(labels, hidden, weight, cfg, upstream)
+        mine = hidden[rows].clone().requires_grad_(True)
+        shard = weight.chunk(tp)[rank].clone().requires_grad_(True)
+        got = dm.numerical_linear_loss(
+            mine, shard, labels, cfg, group, sequence_parallel=True, chunk_tokens=7
+        )
+        (got * upstream).sum().backward()
+        assert got.shape == (BATCH, seq), loss
+        torch.testing.assert_close(got.double(), want[0], rtol=2e-6, atol=2e-6, msg=loss)
+        assert _relative_error(mine.grad, want[1][rows]) < 2e-6, f"grad hidden {loss}"
+        assert _relative_error(_gathered_rows(shard.grad, group), want[2]) < 2e-6, loss
+
+
+def check_tp_sp_and_cp(seed: int) -> None:
+    """TP=2 with sequence parallelism inside CP=2 (Megatron's groups): every rank's loss and the
+    gradients of its hidden slice and weight shard (summed over CP, as Megatron's gradient
+    all-reduce does) equal the whole-sequence materialised path."""
+    from megatron.core import parallel_state as ps
+
+    tp_group, cp_group = ps.get_tensor_model_parallel_group(), ps.get_context_parallel_group()
+    tp, tp_rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+    cp, cp_rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
+    local = 2 * cp * 3  # this CP rank's positions; tp divides it
+    seq = local * cp
+    labels = number_rich_labels(BATCH, seq, seed)
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(seq, BATCH, HIDDEN, generator=gen)
+    weight = torch.randn(PADDED_VOCAB_SIZE, HIDDEN, generator=gen) / 2
+    upstream = torch.rand(BATCH, seq, generator=gen) + 0.5
+    positions = cp_positions(local, cp, cp_rank)
+    rows = slice(tp_rank * local // tp, (tp_rank + 1) * local // tp)
+    for loss in ("del", "dist2", "ntl_was"):
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction="digit")
+        want = _whole_reference(labels, hidden, weight, cfg, upstream)
+        mine = hidden[positions][rows].clone().requires_grad_(True)
+        shard = weight.chunk(tp)[tp_rank].clone().requires_grad_(True)
+        got = dm.numerical_linear_loss(
+            mine,
+            shard,
+            labels[:, positions],
+            cfg,
+            tp_group,
+            cp_group=cp_group,
+            sequence_parallel=True,
+            chunk_tokens=5,
+        )
+        (got * upstream[:, positions]).sum().backward()
+        torch.testing.assert_close(got.double(), want[0][:, positions], rtol=2e-6, atol=2e-6)
+        assert _relative_error(mine.grad, want[1][positions][rows]) < 2e-6, f"hidden {loss}"
+        weight_grad = _gathered_rows(shard.grad, tp_group)
+        dist.all_reduce(weight_grad, group=cp_group)
+        assert _relative_error(weight_grad, want[2]) < 2e-6, f"weight {loss}"
 
 
 def checks_for(tp: int) -> List[str]:
     names = ["check_equals_materialised", "check_large_logits", "check_gradcheck_float64"]
     if tp > 1:
-        names.append("check_sequence_parallel_hidden_refused")
+        names += ["check_sequence_parallel_hidden_refused"]
+        names += ["check_sequence_parallel_equals_materialised"]
     return names

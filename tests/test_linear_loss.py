@@ -13,7 +13,7 @@ LABELS = torch.zeros(2, 5, dtype=torch.long)
 
 CASES = [
     pytest.param(tp, check, id=f"tp{tp}-{check.removeprefix('check_')}")
-    for tp in (1, 2)
+    for tp in (1, 2, 4)
     for check in linear_workers.checks_for(tp)
 ]
 
@@ -21,6 +21,11 @@ CASES = [
 @pytest.mark.parametrize("tp, check", CASES)
 def test_logits_free_equals_materialised(gloo, tp, check):
     gloo(tp).run(getattr(linear_workers, check), 4321 + tp)
+
+
+def test_logits_free_under_tensor_sequence_and_context_parallelism(gloo):
+    workers = gloo(4, tensor_model_parallel_size=2, context_parallel_size=2)
+    workers.run(linear_workers.check_tp_sp_and_cp, 99)
 
 
 @pytest.mark.parametrize(

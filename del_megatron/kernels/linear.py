@@ -89,3 +89,24 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             del grad
         plan.shard.all_reduce(grad_hidden, dist.ReduceOp.SUM)
         return grad_hidden, grad_weight.to(weight.dtype), None, None
+
+
+class SequenceParallelGather(torch.autograd.Function):
+    """hidden [s/tp, b, h], this rank's contiguous slice of the positions (Megatron's sequence
+    parallelism) -> [s, b, h], the whole sequence, on every rank of `group`.
+
+    Backward returns this rank's rows of the gradient and communicates nothing: the linear
+    kernel's backward has already summed grad_hidden over the group (a reduce-scatter here
+    would count it tp times)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, group) -> torch.Tensor:
+        pieces = [torch.empty_like(hidden) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, hidden.contiguous(), group=group)
+        ctx.rows, ctx.rank = hidden.size(0), dist.get_rank(group)
+        return torch.cat(pieces, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        start = ctx.rank * ctx.rows
+        return grad[start : start + ctx.rows], None
