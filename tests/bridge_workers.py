@@ -265,6 +265,29 @@ def check_bridge(out: str) -> None:
         "ref_tokens": float(mask.sum()),
     }
 
+    # 1b. The same micro-batch logits-free (enable_numerical_loss(logits_free=True)): the
+    #     output layer forms no logits; loss and telemetry as in 1.
+    from del_megatron.megatron.lm import unwrapped_model
+
+    enable_numerical_loss(
+        provider, tokenizer, loss="del", alpha=ALPHA, reduction="token", logits_free=True
+    )
+    output_layer = unwrapped_model(model).output_layer
+    calls, layer_forward = [], output_layer.forward
+    output_layer.forward = lambda *a, **kw: calls.append(1) or layer_forward(*a, **kw)
+    try:
+        output, loss_function = numerical_forward_step(state, iter([dict(batch)]), model)
+        loss_sum, num_tokens, report = loss_function(output)
+    finally:
+        output_layer.forward = layer_forward
+    result["logits_free"] = {
+        "loss_sum": float(loss_sum),
+        "report": _floats(report),
+        "logits_formed": len(calls),
+        "config_field": getattr(unwrapped_model(model).config, "del_logits_free", None),
+    }
+    enable_numerical_loss(provider, tokenizer, loss="del", alpha=ALPHA, reduction="token")
+
     # 2. digit reduction over a step of 2 micro-batches (step accounting made on the first
     #    forward step, from the model's process groups); Megatron normalises each micro-batch by
     #    its tokens and the number of micro-batches.

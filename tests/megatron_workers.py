@@ -394,3 +394,167 @@ class _ToyDigitTokenizer:
         table = {d: str(k) for k, d in enumerate(GPT_VOCAB.digit_ids)}
         table[GPT_VOCAB.decimal_point_ids[0]] = "."
         return "".join(table.get(i, " " if i == 51 else "x") for i in ids)
+
+
+def _refused_by_this_core() -> bool:
+    """True, after checking that register(logits_free=True) is refused with the minimum version
+    named, on a core whose GPTModel has no output_processor (megatron-core < 0.18)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from del_megatron.megatron.logits_free import takes_output_processor
+
+    if takes_output_processor(getattr(GPTModel, "_del_megatron_forward", GPTModel.forward)):
+        return False
+    try:
+        dmm.register(CFG, logits_free=True)
+    except ValueError as exc:
+        assert "megatron-core >= 0.18" in str(exc), exc
+        assert not dmm.is_registered()
+        return True
+    dmm.unregister()
+    raise AssertionError("logits_free was accepted by a core without output_processor")
+
+
+def _loss_and_grads(model, logits_free: bool, args, labels, upstream, cfg=CFG):
+    """Per-token loss, every parameter's gradient and the calls of the output layer's forward
+    (logits formed) for one forward/backward with the hook registered."""
+    calls = []
+    layer_forward = model.output_layer.forward
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return layer_forward(*a, **kw)
+
+    model.output_layer.forward = counted
+    dmm.register(cfg, logits_free=logits_free)
+    try:
+        loss = model(*args, labels=labels)
+        (loss * upstream).sum().backward()
+        report = dmm.numerical_loss_func(torch.ones_like(labels, dtype=torch.float), loss)[2]
+    finally:
+        dmm.unregister()
+        model.output_layer.forward = layer_forward
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, len(calls), report
+
+
+def _assert_same_training_signal(ours, want, what: str) -> None:
+    torch.testing.assert_close(ours[0], want[0], rtol=1e-5, atol=1e-5, msg=what)
+    assert ours[1].keys() == want[1].keys(), what
+    for name, grad in want[1].items():
+        torch.testing.assert_close(ours[1][name], grad, rtol=1e-5, atol=1e-5, msg=f"{what} {name}")
+    for key, value in want[3].items():
+        torch.testing.assert_close(ours[3][key], value, rtol=1e-5, atol=1e-5, msg=f"{what} {key}")
+
+
+def check_logits_free_equals_materialised(tp: int) -> None:
+    """register(logits_free=True) on a real GPTModel: the output layer never forms logits for a
+    call with labels, and loss, every parameter gradient and the telemetry equal the
+    materialised path, with and without sequence parallelism and tied embeddings; MTP heads
+    keep theirs; calls without labels still return logits. Cores without GPTModel's
+    output_processor refuse it at register()."""
+    if _refused_by_this_core():
+        return
+    tokens, labels, positions = number_batch(2, seed=21)
+    upstream = torch.rand(labels.shape, generator=torch.Generator().manual_seed(21)) + 0.5
+    layouts = [(False, False, None), (False, True, None), (False, False, 1)]
+    if tp > 1:
+        layouts += [(True, False, None), (True, True, 1)]
+    for sp, tied, mtp in layouts:
+        what = f"tp {tp} sp {sp} tied {tied} mtp {mtp}"
+        build = dict(sequence_parallel=sp, mtp_layers=mtp)
+        build["share_embeddings_and_output_weights"] = tied
+        args = (tokens, positions, None)
+        want = _loss_and_grads(build_gpt(tp, **build), False, args, labels, upstream)
+        model = build_gpt(tp, **build)
+        ours = _loss_and_grads(model, True, args, labels, upstream)
+        _assert_same_training_signal(ours, want, what)
+        assert want[2] == 1 + (mtp or 0) and ours[2] == (mtp or 0), f"{what}: logits formed"
+        dmm.register(CFG, logits_free=True)
+        try:
+            logits = model(*args)  # no labels: Megatron's own output layer
+        finally:
+            dmm.unregister()
+        assert logits.shape == (2, tokens.size(1), model.vocab_size // tp), what
+
+
+def check_logits_free_refusals(tp: int) -> None:
+    """A model config asking for logits-free on a model class without output_processor, an
+    output layer with a bias, and MuP's logit multiplier are refused with the fix named."""
+    if _refused_by_this_core():
+        return
+    from del_megatron.megatron import logits_free as lf
+
+    class NoProcessor:
+        pass
+
+    try:
+        lf.check_model_supports(NoProcessor(), lambda self, input_ids, labels=None: None)
+    except ValueError as exc:
+        assert "NoProcessor.forward takes no output_processor" in str(exc), exc
+    else:
+        raise AssertionError("a forward without output_processor was accepted")
+    tokens, labels, positions = number_batch(2, seed=22)
+    model = build_gpt(tp)
+    model.output_layer.bias = torch.nn.Parameter(torch.zeros(model.vocab_size // tp))
+    dmm.register(CFG, logits_free=True)
+    try:
+        model(tokens, positions, None, labels=labels)
+    except ValueError as exc:
+        assert "has a bias" in str(exc), exc
+    else:
+        raise AssertionError("an output layer with a bias was accepted")
+    finally:
+        dmm.unregister()
+    model = build_gpt(tp)
+    model.config.use_mup, model.config.mup_output_mult = True, 0.5
+    dmm.register(CFG, logits_free=True)
+    try:
+        model(tokens, positions, None, labels=labels)
+    except ValueError as exc:
+        assert "mup_output_mult=0.5" in str(exc), exc
+    else:
+        raise AssertionError("MuP's logit multiplier was accepted")
+    finally:
+        dmm.unregister()
+
+
+def check_logits_free_from_the_model_config(tp: int) -> None:
+    """register(None) with the model config's fields (Bridge's way): del_logits_free=True on the
+    config turns the logits-free route on for that model."""
+    if _refused_by_this_core():
+        return
+    tokens, labels, positions = number_batch(2, seed=23)
+    upstream = torch.ones(labels.shape)
+    args = (tokens, positions, None)
+    want = _loss_and_grads(build_gpt(tp), False, args, labels, upstream)
+    model = build_gpt(tp)
+    for name, value in dmm.config_fields(CFG).items():
+        setattr(model.config, name, value)
+    model.config.del_logits_free = True
+    ours = _loss_and_grads(model, False, args, labels, upstream, cfg=None)
+    assert ours[2] == 0, "logits formed"
+    _assert_same_training_signal(ours, want, f"tp {tp} config field")
+
+
+def check_logits_free_under_cp() -> None:
+    """Logits-free under context parallelism: the same loss and gradients as the materialised
+    path, both with the CP group (digits weighed as in the whole sequence)."""
+    if _refused_by_this_core():
+        return
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    tokens, labels, positions = number_batch(2, seed=24)
+    cp_group = parallel_state.get_context_parallel_group()
+    local = get_batch_on_this_cp_rank(
+        {"tokens": tokens, "labels": labels, "position_ids": positions}, cp_group
+    )
+    args = (local["tokens"], local["position_ids"], None)
+    upstream = torch.rand(local["labels"].shape, generator=torch.Generator().manual_seed(3))
+    results = []
+    for logits_free in (False, True):
+        model = build_gpt(1, position_embedding_type="learned_absolute")
+        results.append(_loss_and_grads(model, logits_free, args, local["labels"], upstream))
+    _assert_same_training_signal(results[1], results[0], "cp 2")
+    assert results[1][2] == 0

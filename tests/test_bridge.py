@@ -56,6 +56,14 @@ def test_forward_step_token_reduction_matches_reference(bridge):
     assert 0 <= report["digit acc"][0] <= report["digit acc"][1]
 
 
+def test_forward_step_logits_free_matches_the_materialised_step(bridge):
+    r, token = bridge["logits_free"], bridge["token"]
+    assert r["config_field"] is True and r["logits_formed"] == 0
+    assert r["loss_sum"] == pytest.approx(token["loss_sum"], rel=1e-5)
+    for key, value in token["report"].items():
+        assert r["report"][key] == pytest.approx(value, rel=1e-5), key
+
+
 def test_forward_step_digit_reduction_over_the_step(bridge):
     r = bridge["digit"]
     assert r["step_loss"] == pytest.approx(r["ref_step_loss"], rel=1e-5)

@@ -13,8 +13,11 @@ HOOK_CHECKS = [
     "mtp_goes_through_del",
     "register_cycle",
     "config_fields_and_fusion_modes",
+    "logits_free_equals_materialised",
+    "logits_free_refusals",
+    "logits_free_from_the_model_config",
 ]
-CP_CHECKS = ["hook_passes_the_cp_group", "packed_seq_params_reach_the_hook"]
+CP_CHECKS = ["hook_passes_the_cp_group", "packed_seq_params_reach_the_hook", "logits_free_under_cp"]
 
 
 @pytest.mark.parametrize("tp", [1, 2])

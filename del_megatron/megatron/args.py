@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="ids of '.' tokens (default: read from the run's tokenizer)",
     )
     group.add_argument(
+        "--del-logits-free",
+        action="store_true",
+        help="compute the loss from the output layer's input, chunked over tokens, so that the "
+        "[s, b, V/tp] logits never exist in training (megatron-core >= 0.18; the same loss; "
+        "with --numerical-loss ce, a logits-free cross-entropy)",
+    )
+    group.add_argument(
         "--del-allow-multi-digit-tokens",
         action="store_true",
         help="accept a tokenizer that merges digits; DEL then acts on single-digit tokens only",

@@ -41,6 +41,7 @@ from .hook import (
     register,
 )
 from .lm import counted, process_groups, unwrapped_model
+from .logits_free import set_on_model_config as set_logits_free
 from .telemetry import apply_to_loss
 
 __all__ = [
@@ -98,6 +99,7 @@ def enable_numerical_loss(
     reduction: str = "token",
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
+    logits_free: bool = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a Bridge model provider instance, a Bridge ModelConfig or
     a recipe's ConfigContainer, and register the loss hook. Returns the NumericalLossConfig.
@@ -111,7 +113,8 @@ def enable_numerical_loss(
     With reduction="digit", pass Bridge's forward step through `numerical_forward_step`: it
     counts each step's digit targets (over all micro-batches and data-parallel ranks) on the
     first batch of the step. loss="ce" records the settings (the A/B baseline with the same
-    telemetry) and computes plain cross-entropy.
+    telemetry) and computes plain cross-entropy. logits_free=True computes the same loss from
+    the output layer's input, without the [s, b, V/tp] logits (megatron-core >= 0.18).
     """
     config = model_config_of(target)
     if vocab is None:
@@ -132,6 +135,7 @@ def enable_numerical_loss(
     # the HF export serialise fields only, and deepcopy keeps instance attributes.
     for name, value in config_fields(cfg).items():
         object.__setattr__(config, name, value)
+    set_logits_free(config, logits_free)
     make_accounting = None
     if cfg.reduction == "digit":
         make_accounting = functools.partial(step_accounting, cfg)

@@ -5,6 +5,8 @@ from core 0.13 to main), so replacing it on the base class covers them, even in 
 imported GPTModel before register() ran. The hook passes Megatron's context-parallel group, and
 the forward of every LanguageModule class that takes packed_seq_params (GPTModel, MambaModel,
 HybridModel, ...) is wrapped so that the hook sees the THD cu_seqlens of the call in progress.
+With logits_free (logits_free.py), that wrapper also hands GPTModel.forward an output_processor
+that computes the same loss from the output layer's input, without the logits.
 register() sets up everything the glue keeps (state.Registration); unregister() undoes it.
 """
 
@@ -20,8 +22,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ..loss import NumericalLossConfig, loss_parts
+from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
 from ..vocab import DigitVocab
+from . import logits_free as lf
 from . import state, telemetry
 from .state import Registration
 
@@ -160,15 +163,22 @@ def _takes_packed_seq_params(forward: Callable) -> bool:
 
 def _capture_packed_seq_params(forward: Callable) -> Callable:
     """A LanguageModule forward that makes its packed_seq_params (keyword or positional)
-    visible to the loss hook for the duration of the call."""
+    visible to the loss hook for the duration of the call, and that hands a logits-free
+    output_processor to a call with labels when the run asks for it."""
     signature = inspect.signature(forward)
 
     @functools.wraps(forward)
     def wrapped(*args, **kwargs):
         try:
-            params = signature.bind_partial(*args, **kwargs).arguments.get("packed_seq_params")
+            arguments = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:  # let forward itself report the bad call
-            params = None
+            arguments = {}
+        params = arguments.get("packed_seq_params")
+        if arguments.get("labels") is not None and arguments.get("output_processor") is None:
+            if args and _wants_logits_free(args[0]):
+                lf.check_model_supports(args[0], forward)
+                kwargs = {**kwargs, "output_processor": _logits_free_loss}
+                kwargs["output_processor_context"] = args[0]
         token = _packed_seq_params.set(params)
         try:
             return forward(*args, **kwargs)
@@ -238,6 +248,23 @@ def _resolve_cfg(module) -> Optional[NumericalLossConfig]:
     return cfg
 
 
+def _check_digit_ids(cfg: NumericalLossConfig) -> None:
+    if cfg.vocab is None and cfg.loss != "ce":
+        raise ValueError(
+            f"numerical loss {cfg.loss!r} has no digit ids: set {FIELD_DIGITS} on the model "
+            "config, or pass cfg=NumericalLossConfig(vocab=...) to register()"
+        )
+
+
+def _token_loss(parts: LossParts, cfg: NumericalLossConfig) -> torch.Tensor:
+    """[b, s] CE + alpha * term, recorded for the loss function. The "digit" reduction is
+    applied by the loss_func wrapper, which has the loss mask: the model always returns the
+    "token" form, so that a plain Megatron loss_func stays correct."""
+    loss = parts.token_loss(cfg.alpha)
+    telemetry.record(loss, parts, cfg)
+    return loss
+
+
 def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """[b, s] per-token loss: CE + alpha * numerical term (docs/DEL.md "token" form)."""
     cfg = _resolve_cfg(self)
@@ -246,13 +273,7 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         return original(self, labels, logits)
     check_model_config(self.config)
     _check_packed_capture(self)
-    if cfg.vocab is None and cfg.loss != "ce":
-        raise ValueError(
-            f"numerical loss {cfg.loss!r} has no digit ids: set {FIELD_DIGITS} on the model "
-            "config, or pass cfg=NumericalLossConfig(vocab=...) to register()"
-        )
-    # The "digit" reduction is applied by the loss_func wrapper, which has the loss mask; the
-    # model always returns the "token" form so that a plain Megatron loss_func stays correct.
+    _check_digit_ids(cfg)
     parts = loss_parts(
         labels,
         logits,
@@ -261,15 +282,56 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         cp_group=_cp_group(self),
         cu_seqlens=_cu_seqlens(),
     )
-    loss = parts.token_loss(cfg.alpha)
-    telemetry.record(loss, parts, cfg)
-    return loss
+    return _token_loss(parts, cfg)
+
+
+def _wants_logits_free(module) -> bool:
+    registration = state.current()
+    if registration is None or _resolve_cfg(module) is None:
+        return False
+    config = getattr(module, "config", None)
+    return registration.logits_free or bool(getattr(config, lf.FIELD_LOGITS_FREE, False))
+
+
+def _logits_free_loss(
+    *,
+    hidden_states: torch.Tensor,
+    output_layer: Any,
+    output_weight: Optional[torch.Tensor],
+    labels: torch.Tensor,
+    context: Any,
+    config: Any = None,
+    **_: Any,
+) -> torch.Tensor:
+    """GPTModel output_processor: the [b, s] per-token loss of _compute_language_model_loss from
+    hidden_states [s, b, h] ([s/tp, b, h] under sequence parallelism) and the output layer's
+    weight shard, chunked over tokens; no [s, b, V/tp] logits."""
+    module = context
+    cfg = _resolve_cfg(module)
+    _check_digit_ids(cfg)
+    lf.check_no_logit_scaling(config if config is not None else module.config)
+    weight = lf.output_weight(output_layer, output_weight)
+    tp_group = lf.tensor_parallel_group(output_layer)
+    sequence_parallel = getattr(output_layer, "sequence_parallel", False) and tp_group is not None
+    parts = numerical_linear_loss(
+        hidden_states,
+        weight,
+        labels,
+        replace(cfg, reduction="token"),
+        tp_group,
+        return_parts=True,
+        cp_group=_cp_group(module),
+        cu_seqlens=_cu_seqlens(),
+        sequence_parallel=sequence_parallel,
+    )
+    return _token_loss(parts, cfg)
 
 
 def register(
     cfg: Optional[NumericalLossConfig] = None,
     *,
     step_accounting: Optional[Callable[[Any], Any]] = None,
+    logits_free: bool = False,
 ) -> None:
     """Route every LanguageModule's loss through del_megatron. Calling it again replaces the
     settings (and forgets what the previous registration kept).
@@ -277,16 +339,22 @@ def register(
     cfg=None reads the settings from each model's config fields (numerical_loss, del_alpha, ...);
     a model whose config names no loss keeps Megatron's own loss. step_accounting: model ->
     DigitAccounting, called on the first training step (lm.counted) for a step-wide "digit"
-    reduction; the process groups it needs exist by then.
+    reduction; the process groups it needs exist by then. logits_free: GPTModel computes the
+    loss of calls with labels from the output layer's input, never forming the logits (needs
+    megatron-core >= 0.18; refused here otherwise); a model config can ask for it with the
+    field del_logits_free instead.
     """
     if cfg is not None and not isinstance(cfg, NumericalLossConfig):
         raise TypeError(f"cfg must be a NumericalLossConfig or None, got {type(cfg).__name__}")
+    if logits_free:
+        lf.check_core_supports()
     module = _language_module()
     if not hasattr(module, _MARKER):
         setattr(module, _MARKER, module.compute_language_model_loss)
         module.compute_language_model_loss = _compute_language_model_loss
     _wrap_forwards()
-    state.begin(Registration(cfg=cfg, make_accounting=step_accounting))
+    registration = Registration(cfg=cfg, make_accounting=step_accounting, logits_free=logits_free)
+    state.begin(registration)
     if cfg is not None and cfg.loss != "ce":
         state.log_once(
             "settings",

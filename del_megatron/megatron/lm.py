@@ -112,14 +112,15 @@ def counted(data_iterator: Optional[Iterator], model: Any = None) -> Optional[It
 
 def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfig]:
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
-    (None, and nothing registered, for --numerical-loss ce)."""
-    if args.numerical_loss == "ce":
+    (None, and nothing registered, for --numerical-loss ce without --del-logits-free)."""
+    logits_free = getattr(args, "del_logits_free", False)
+    if args.numerical_loss == "ce" and not logits_free:
         return None
     cfg = config_from_args(args, tokenizer)
     make_accounting = None
-    if cfg.reduction == "digit":
+    if cfg.reduction == "digit" and cfg.loss != "ce":
         make_accounting = functools.partial(step_accounting, cfg, args)
-    register(cfg, step_accounting=make_accounting)
+    register(cfg, step_accounting=make_accounting, logits_free=logits_free)
     return cfg
 
 

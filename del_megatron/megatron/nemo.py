@@ -28,6 +28,7 @@ import torch
 from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
 from .hook import check_model_config, config_fields, register
+from .logits_free import set_on_model_config as set_logits_free
 from .telemetry import digit_reduced, find, report_entries
 
 TELEMETRY_PREFIX = "del/"
@@ -108,6 +109,7 @@ def enable_numerical_loss(
     reduction: str = "token",
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
+    logits_free: bool = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a NeMo 2 `llm.GPTModel` (or any LightningModule with a
     TransformerConfig `config` and NeMo's `training_loss_reduction` / `validation_loss_reduction`
@@ -118,7 +120,8 @@ def enable_numerical_loss(
 
     The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
     normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
-    and Megatron-LM's."""
+    and Megatron-LM's. logits_free=True computes the same loss from the output layer's input,
+    without the [s, b, V/tp] logits (megatron-core >= 0.18)."""
     if vocab is None:
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
@@ -135,6 +138,7 @@ def enable_numerical_loss(
     check_model_config(config)
     for name, value in config_fields(cfg).items():
         object.__setattr__(config, name, value)
+    set_logits_free(config, logits_free)
     from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
 
     reduction_cls = numerical_loss_reduction(MaskedTokenLossReduction)

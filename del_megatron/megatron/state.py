@@ -32,10 +32,12 @@ RECORDS_KEPT = 16
 class Registration:
     """cfg: the loss for every model (None: each model's config fields say).
     make_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on the
-    first training step (None: the "digit" reduction is per micro-batch, or not used)."""
+    first training step (None: the "digit" reduction is per micro-batch, or not used).
+    logits_free: GPTModel computes the loss from the output layer's input (logits_free.py)."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
+    logits_free: bool = False
     accounting: Optional[DigitAccounting] = None
     records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)

@@ -22,9 +22,12 @@ from typing import Dict, List, Optional, Sequence
 
 from tests.distributed import free_port
 
+from .peak_rss import PREFIX as PEAK_RSS
+
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
 DROP_IN = REPO / "examples" / "pretrain_gpt_del.py"
+PEAK_RSS_SCRIPT = Path(__file__).with_name("peak_rss.py")
 ARCHIVES = Path(os.environ.get("E2E_MEGATRON_LM_ARCHIVES", REPO.parent / "shared" / "megatron-lm"))
 USER_CHECKOUT = os.environ.get("MEGATRON_LM_DIR")
 RUN_TIMEOUT_S = 600
@@ -103,6 +106,7 @@ class Run:
     log: str
     iterations: Dict[int, Dict[str, float]] = field(default_factory=dict)
     validation: Dict[int, Dict[str, float]] = field(default_factory=dict)
+    peak_rss_mib: Optional[float] = None
 
     def series(self, key: str, first: int = 1, last: int = 10) -> List[float]:
         return [self.iterations[i][key] for i in range(first, last + 1)]
@@ -157,6 +161,7 @@ def run_pretrain(
 ) -> Run:
     """torchrun `script` from the Megatron-LM `tree` with `flags` on CPU (gloo)."""
     command = [
+        sys.executable, str(PEAK_RSS_SCRIPT),
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
         "--master-port", str(free_port()), str(script), *flags,
     ]  # fmt: skip
@@ -172,7 +177,10 @@ def run_pretrain(
     if log_path is not None:
         log_path.write_text(done.stdout)
     iterations, validation = parse_log(done.stdout)
-    return Run(done.returncode, done.stdout, iterations, validation)
+    peak = re.search(re.escape(PEAK_RSS) + r" (\d+)", done.stdout)
+    return Run(
+        done.returncode, done.stdout, iterations, validation, float(peak[1]) if peak else None
+    )
 
 
 def is_finite(value: float) -> bool:

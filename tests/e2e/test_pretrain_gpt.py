@@ -11,6 +11,7 @@ plugin calls and run once, on the patched script.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -119,22 +120,97 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
             assert after[1] == pytest.approx((before[0] + before[1]) / 2, rel=PRINTED), key
 
 
+# The same initial weights need the same padded vocab: 1023 ids (core 0.16's NullTokenizer adds
+# one for EOD) pad to 1024 at TP 1 and 2, where 1025 would pad to 1152 and 1280. Dropout is off:
+# its masks depend on the tensor- and sequence-parallel layout.
+NO_DROPOUT = TINY_GPT + MOCK_DATA + ["--vocab-size", "1023"] + DEL
+NO_DROPOUT += ["--hidden-dropout", "0", "--attention-dropout", "0"]
+SP = ["--sequence-parallel"]
+LOGITS_FREE = ["--del-logits-free"]
+
+
 @tags
 def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag):
-    """The same initial weights need the same padded vocab: 1023 ids (core 0.16's NullTokenizer
-    adds one for EOD) pad to 1024 at TP 1 and 2, where 1025 would pad to 1152 and 1280. Dropout
-    is off: its masks depend on the tensor- and sequence-parallel layout."""
     trainer = trainers(tag, PATCHED)
-    common = TINY_GPT + MOCK_DATA + ["--vocab-size", "1023"] + DEL
-    common += ["--hidden-dropout", "0", "--attention-dropout", "0"]
+    common = NO_DROPOUT
     tp2 = trainer.run("del-tp2-nodropout", common + TP2)
     tp1 = trainer.run("del-tp1-nodropout", common + ["--tensor-model-parallel-size", "1"], 1)
-    sp = trainer.run("del-tp2-sp-nodropout", common + TP2 + ["--sequence-parallel"])
+    sp = trainer.run("del-tp2-sp-nodropout", common + TP2 + SP)
     for run in (tp2, tp1, sp):
         assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
     for run in (tp1, sp):
         for key in ("lm loss", "ce loss", "del term"):
             assert run.series(key) == pytest.approx(tp2.series(key), rel=1e-5), key
+
+
+def _core_has_output_processor() -> bool:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from del_megatron.megatron.logits_free import takes_output_processor
+
+    return takes_output_processor(GPTModel.forward)
+
+
+def _assert_logits_free_refused(trainer) -> None:
+    run = trainer.run("logits-free-refused", NO_DROPOUT + TP2 + LOGITS_FREE)
+    assert run.returncode != 0 and not run.iterations, run.log[-3000:]
+    assert "--del-logits-free needs megatron-core >= 0.18" in run.log, run.log[-3000:]
+
+
+@tags
+def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
+    """--del-logits-free at TP=2, with and without sequence parallelism: every logged value of
+    the 10 iterations equals the materialised run's (the TP test's runs). Cores without
+    GPTModel's output_processor stop before training, naming the version."""
+    trainer = trainers(tag, PATCHED)
+    if not _core_has_output_processor():
+        _assert_logits_free_refused(trainer)
+        return
+    for name, layout in (("tp2", TP2), ("tp2-sp", TP2 + SP)):
+        materialised = trainer.run(f"del-{name}-nodropout", NO_DROPOUT + layout)
+        logits_free = trainer.run(f"del-{name}-logits-free", NO_DROPOUT + layout + LOGITS_FREE)
+        for run in (materialised, logits_free):
+            assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
+        for key in ("lm loss", "ce loss", "del term", "digit acc", "grad norm"):
+            want = materialised.series(key)
+            assert logits_free.series(key) == pytest.approx(want, rel=1e-5, abs=1e-7), key
+        assert sorted(logits_free.validation) == sorted(materialised.validation) == [5, 10]
+        for iteration, entries in materialised.validation.items():
+            got = logits_free.validation[iteration]
+            assert got == pytest.approx(entries, rel=1e-5, abs=1e-7), iteration
+
+
+# Large enough for the logits to show in the peak memory: 2048 tokens a micro-batch x 65536
+# vocab columns a rank = 512 MiB of fp32 logits a copy; the logits-free run's chunks are 256 MiB.
+BIG_VOCAB = TINY_GPT + MOCK_DATA + DEL + ["--vocab-size", "131071", "--seq-length", "512"]
+BIG_VOCAB += ["--max-position-embeddings", "512", "--micro-batch-size", "4"]
+BIG_VOCAB += ["--global-batch-size", "4", "--train-iters", "2", "--eval-iters", "0"]
+
+
+@parametrize("tag", _tags()[-1:])
+def test_logits_free_peak_memory_is_below_the_materialised_runs(trainers, tag):
+    """The same 2 steps at TP=2, peak RSS of the largest rank: the logits-free run's is lower
+    by at least one copy of the logits. Both figures go to memory.json beside the runs."""
+    trainer = trainers(tag, PATCHED)
+    if not _core_has_output_processor():
+        _assert_logits_free_refused(trainer)
+        return
+    materialised = trainer.run("big-vocab", BIG_VOCAB + TP2)
+    logits_free = trainer.run("big-vocab-logits-free", BIG_VOCAB + TP2 + LOGITS_FREE)
+    for run in (materialised, logits_free):
+        assert run.returncode == 0 and len(run.iterations) == 2, run.log[-3000:]
+        assert run.peak_rss_mib is not None, run.log[-3000:]
+    assert logits_free.series("lm loss", 1, 2) == pytest.approx(
+        materialised.series("lm loss", 1, 2), rel=1e-5
+    )
+    figures = {
+        "materialised_peak_rss_mib": materialised.peak_rss_mib,
+        "logits_free_peak_rss_mib": logits_free.peak_rss_mib,
+        "logits_copy_mib": 2048 * 65536 * 4 / 2**20,
+    }
+    (trainer.workdir / "memory.json").write_text(json.dumps(figures, indent=1))
+    saved = materialised.peak_rss_mib - logits_free.peak_rss_mib
+    assert saved >= figures["logits_copy_mib"], figures
 
 
 @tags
@@ -179,5 +255,6 @@ def test_help_lists_the_del_flags(trainers, tag, variant):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for flag in ("--numerical-loss", "--del-alpha", "--del-reduction", "--del-digit-token-ids"):
+    flags = ("--numerical-loss", "--del-alpha", "--del-reduction", "--del-digit-token-ids")
+    for flag in flags + ("--del-logits-free",):
         assert flag in done.stdout, flag
