@@ -27,6 +27,7 @@ linear_logits_free (numerical_linear_loss).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -347,6 +348,8 @@ def _ratios(rows, reference: str):
 
 def _print_row(case, name, row):
     fields = [f"{case['tokens']:>6} {case['vocab']:>7} {case['tp']:>2} {case['dtype']:>5}"]
+    if "hidden" in case:
+        name = f"{name} h{case['hidden']}"
     fields.append(f"{name:>20}")
     fields.append(f"{row.get('time_s', float('nan')) * 1e3:>9.1f}")
     fields.append(f"{row.get('time_ratio', row.get('share_of_del', float('nan'))):>7.3f}")
@@ -365,7 +368,9 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--impls", nargs="*", default=[], help="only these rows")
     parser.add_argument("--linear", action="store_true", help="the logits-free path instead")
-    parser.add_argument("--hidden", type=int, default=512, help="h of the output layer (--linear)")
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=[512], help="h of the output layer (--linear)"
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/bench_loss.json")
     args = parser.parse_args(argv)
@@ -375,21 +380,21 @@ def main(argv=None):
         f"{'tokens':>6} {'vocab':>7} {'tp':>2} {'dtype':>5} {'impl':>20} "
         f"{'time ms':>9} {'x ref':>7} {'peak MiB':>9} {'x ref':>7}"
     )
-    for tokens in args.tokens:
-        for vocab in args.vocab:
-            for tp in args.tp:
-                for dtype in args.dtype:
-                    case = {"tokens": tokens, "vocab": vocab, "tp": tp, "dtype": dtype}
-                    case["device"] = args.device
-                    if args.linear:
-                        case["hidden"] = args.hidden
-                    rows = run_case(case, args.reps, args.impls)
-                    reference = "linear_materialised" if args.linear else "megatron_ce"
-                    _ratios(rows, reference)
-                    for name, row in rows.items():
-                        results.append({**case, "impl": name, **row})
-                        _print_row(case, name, row)
-                    _write(args, results)  # after every case: a long grid keeps what it has
+    grid = itertools.product(
+        args.tokens, args.vocab, args.hidden if args.linear else [None], args.tp, args.dtype
+    )
+    for tokens, vocab, hidden, tp, dtype in grid:
+        case = {"tokens": tokens, "vocab": vocab, "tp": tp, "dtype": dtype}
+        case["device"] = args.device
+        if args.linear:
+            case["hidden"] = hidden
+        rows = run_case(case, args.reps, args.impls)
+        reference = "linear_materialised" if args.linear else "megatron_ce"
+        _ratios(rows, reference)
+        for name, row in rows.items():
+            results.append({**case, "impl": name, **row})
+            _print_row(case, name, row)
+        _write(args, results)  # after every case: a long grid keeps what it has
     print(f"wrote {args.json}")
 
 

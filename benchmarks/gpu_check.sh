@@ -25,3 +25,10 @@ timeout 150 "$PYTHON" benchmarks/bench_loss.py --device cuda --tp $TPS --dtype b
   --tokens 4096 16384 --vocab 32000 128256 151936 --reps 5 \
   --impls megatron_ce megatron_fused del del_compiled del_recompute del_softmax del_naive \
   --json "$OUT/bench_loss_gpu.json"
+# The logits-free path (numerical_linear_loss, what --del-logits-free runs) against the output
+# layer's matmul + numerical_lm_loss: CUDA time and peak memory side by side (issue targets:
+# <= 0.25x memory, <= 1.3x time).
+# shellcheck disable=SC2086
+timeout 200 "$PYTHON" benchmarks/bench_loss.py --device cuda --linear --tp $TPS \
+  --dtype bf16 fp32 --tokens 4096 16384 --vocab 151936 --hidden 512 1024 --reps 3 \
+  --json "$OUT/bench_linear_gpu.json"
