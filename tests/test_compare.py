@@ -4,6 +4,7 @@ resume with a stand-in trainer, and the command itself at toy size with real tor
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -119,6 +120,9 @@ def test_sweep_order_resume_and_summary(tmp_path):
     assert digit["standard_errors"] == [0.01, 0.01]
     assert "difference" not in summary["ce"]["digit_accuracy"]
     md = compare.table(summary)
+    # Every row has the header's cells: no unescaped '|' (as in "mean |log10 error|") splits one.
+    cells = [len(re.split(r"(?<!\\)\|", line)) for line in md.splitlines()]
+    assert len(set(cells)) == 1 and "mean \\|log10 error\\|" in md, md
     assert "| del | 0.417 [0.347, 0.486] | +0.100 [+0.100, +0.100] better |" in md
     log_error = compare._difference_cell(summary["del"]["mean_abs_log10_error"], "{:.4f}", False)
     assert log_error.endswith("better")  # lower is better for the error

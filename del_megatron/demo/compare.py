@@ -180,6 +180,7 @@ def table(summary: Dict[str, Dict[str, dict]]) -> str:
     ce [95% interval], marked better/worse when the interval excludes 0."""
     header = ["loss"]
     for _, title, *_ in METRICS:
+        title = title.replace("|", "\\|")  # "mean |log10 error|" inside a Markdown cell
         header += [title, f"{title}: vs ce"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm, rows in summary.items():
