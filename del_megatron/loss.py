@@ -163,7 +163,7 @@ def _sequence_layout(
     """Numbers are located on the whole sequence: gathered over the CP group, cut at packed
     document starts."""
     whole, positions = labels, None
-    if cp_group is not None and dist.get_world_size(cp_group) > 1:
+    if _world(cp_group) > 1:
         whole, positions = gather_sequence(labels, cp_group, cu_seqlens)
     doc_start = None
     if cu_seqlens is not None:

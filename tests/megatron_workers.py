@@ -399,11 +399,9 @@ class _ToyDigitTokenizer:
 def _refused_by_this_core() -> bool:
     """True, after checking that register(logits_free=True) is refused with the minimum version
     named, on a core whose GPTModel has no output_processor (megatron-core < 0.18)."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
+    from del_megatron.megatron.logits_free import core_supports
 
-    from del_megatron.megatron.logits_free import takes_output_processor
-
-    if takes_output_processor(getattr(GPTModel, "_del_megatron_forward", GPTModel.forward)):
+    if core_supports():
         return False
     try:
         dmm.register(CFG, logits_free=True)
@@ -489,7 +487,7 @@ def check_logits_free_refusals(tp: int) -> None:
         pass
 
     try:
-        lf.check_model_supports(NoProcessor(), lambda self, input_ids, labels=None: None)
+        lf.check_model_supports(NoProcessor(), forward_takes_output_processor=False)
     except ValueError as exc:
         assert "NoProcessor.forward takes no output_processor" in str(exc), exc
     else:

@@ -103,14 +103,19 @@ def check_model_config(config) -> None:
     )
 
 
-def _tp_group(module, logits: torch.Tensor):
-    """The TP group the logits are sharded over, or None when they hold the whole vocab
-    (parallel_output=False, or runtime_gather_output: the output layer gathered them)."""
+def _model_tp_group(module):
+    """The model's tensor-parallel group (its own, its pg_collection's, else parallel_state's)."""
     from megatron.core import parallel_state
 
     pg_collection = getattr(module, "pg_collection", None)
     group = getattr(module, "tp_group", None) or getattr(pg_collection, "tp", None)
-    group = group or parallel_state.get_tensor_model_parallel_group()
+    return group or parallel_state.get_tensor_model_parallel_group()
+
+
+def _tp_group(module, logits: torch.Tensor):
+    """The TP group the logits are sharded over, or None when they hold the whole vocab
+    (parallel_output=False, or runtime_gather_output: the output layer gathered them)."""
+    group = _model_tp_group(module)
     world = dist.get_world_size(group)
     if world == 1:
         return None
@@ -166,6 +171,7 @@ def _capture_packed_seq_params(forward: Callable) -> Callable:
     visible to the loss hook for the duration of the call, and that hands a logits-free
     output_processor to a call with labels when the run asks for it."""
     signature = inspect.signature(forward)
+    takes_output_processor = "output_processor" in signature.parameters
 
     @functools.wraps(forward)
     def wrapped(*args, **kwargs):
@@ -176,7 +182,7 @@ def _capture_packed_seq_params(forward: Callable) -> Callable:
         params = arguments.get("packed_seq_params")
         if arguments.get("labels") is not None and arguments.get("output_processor") is None:
             if args and _wants_logits_free(args[0]):
-                lf.check_model_supports(args[0], forward)
+                lf.check_model_supports(args[0], takes_output_processor)
                 kwargs = {**kwargs, "output_processor": _logits_free_loss}
                 kwargs["output_processor_context"] = args[0]
         token = _packed_seq_params.set(params)
@@ -300,7 +306,6 @@ def _logits_free_loss(
     output_weight: Optional[torch.Tensor],
     labels: torch.Tensor,
     context: Any,
-    config: Any = None,
     **_: Any,
 ) -> torch.Tensor:
     """GPTModel output_processor: the [b, s] per-token loss of _compute_language_model_loss from
@@ -309,9 +314,10 @@ def _logits_free_loss(
     module = context
     cfg = _resolve_cfg(module)
     _check_digit_ids(cfg)
-    lf.check_no_logit_scaling(config if config is not None else module.config)
+    lf.check_no_logit_scaling(module.config)
     weight = lf.output_weight(output_layer, output_weight)
-    tp_group = lf.tensor_parallel_group(output_layer)
+    tp_group = _model_tp_group(module)
+    tp_group = tp_group if dist.get_world_size(tp_group) > 1 else None
     sequence_parallel = getattr(output_layer, "sequence_parallel", False) and tp_group is not None
     parts = numerical_linear_loss(
         hidden_states,

@@ -1,6 +1,6 @@
 """What the logits-free route needs from Megatron-Core, checked: GPTModel's output_processor hook
 (megatron-core >= 0.18), an output layer without bias, no MuP output multiplier, and which weight
-and groups the output layer would have used.
+the output layer would have used.
 
 With --del-logits-free (Registration.logits_free, or the model-config field del_logits_free) the
 loss hook hands GPTModel.forward an output_processor when labels are given. It runs the output
@@ -33,12 +33,16 @@ def takes_output_processor(forward) -> bool:
     return "output_processor" in inspect.signature(forward).parameters
 
 
-def check_core_supports() -> None:
-    """Refuse, before any training, a megatron-core whose GPTModel has no output_processor."""
+def core_supports() -> bool:
+    """Whether this megatron-core's GPTModel.forward (unwrapped) takes an output_processor."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    forward = getattr(GPTModel, "_del_megatron_forward", GPTModel.forward)
-    if not takes_output_processor(forward):
+    return takes_output_processor(getattr(GPTModel, "_del_megatron_forward", GPTModel.forward))
+
+
+def check_core_supports() -> None:
+    """Refuse, before any training, a megatron-core whose GPTModel has no output_processor."""
+    if not core_supports():
         raise ValueError(
             f"--del-logits-free needs megatron-core >= {MIN_CORE[0]}.{MIN_CORE[1]} (GPTModel's "
             f"output_processor hook); this is megatron-core {core_version()}. Upgrade "
@@ -46,9 +50,9 @@ def check_core_supports() -> None:
         )
 
 
-def check_model_supports(model: Any, forward) -> None:
+def check_model_supports(model: Any, forward_takes_output_processor: bool) -> None:
     """Refuse a model class whose forward takes no output_processor (e.g. Mamba/hybrid)."""
-    if not takes_output_processor(forward):
+    if not forward_takes_output_processor:
         raise ValueError(
             f"{type(model).__qualname__}.forward takes no output_processor, so it cannot run "
             "the loss logits-free (GPTModel on megatron-core >= "
@@ -75,16 +79,6 @@ def check_no_logit_scaling(config: Any) -> None:
             f"MuP scales the logits by mup_output_mult={config.mup_output_mult}, which the "
             "logits-free loss does not apply; drop --del-logits-free or MuP's output multiplier"
         )
-
-
-def tensor_parallel_group(output_layer: Any):
-    """The group the output layer's weight is vocab-sharded over; None without TP."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    group = getattr(output_layer, "tp_group", None)
-    group = group or parallel_state.get_tensor_model_parallel_group()
-    return group if dist.get_world_size(group) > 1 else None
 
 
 def set_on_model_config(config: Any, enabled: bool) -> None:

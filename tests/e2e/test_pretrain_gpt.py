@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from del_megatron.megatron.logits_free import core_supports
+
 from .conftest import VARIANTS
 from .megatron_lm import DIGIT_IDS, MOCK_DATA, TINY_GPT, cpu_environment, is_finite
 from .megatron_lm import tags_for_this_environment as _tags
@@ -143,14 +145,6 @@ def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag):
             assert run.series(key) == pytest.approx(tp2.series(key), rel=1e-5), key
 
 
-def _core_has_output_processor() -> bool:
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    from del_megatron.megatron.logits_free import takes_output_processor
-
-    return takes_output_processor(GPTModel.forward)
-
-
 def _assert_logits_free_refused(trainer) -> None:
     run = trainer.run("logits-free-refused", NO_DROPOUT + TP2 + LOGITS_FREE)
     assert run.returncode != 0 and not run.iterations, run.log[-3000:]
@@ -163,7 +157,7 @@ def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
     the 10 iterations equals the materialised run's (the TP test's runs). Cores without
     GPTModel's output_processor stop before training, naming the version."""
     trainer = trainers(tag, PATCHED)
-    if not _core_has_output_processor():
+    if not core_supports():
         _assert_logits_free_refused(trainer)
         return
     for name, layout in (("tp2", TP2), ("tp2-sp", TP2 + SP)):
@@ -192,7 +186,7 @@ def test_logits_free_peak_memory_is_below_the_materialised_runs(trainers, tag):
     """The same 2 steps at TP=2, peak RSS of the largest rank: the logits-free run's is lower
     by at least one copy of the logits. Both figures go to memory.json beside the runs."""
     trainer = trainers(tag, PATCHED)
-    if not _core_has_output_processor():
+    if not core_supports():
         _assert_logits_free_refused(trainer)
         return
     materialised = trainer.run("big-vocab", BIG_VOCAB + TP2)
