@@ -4,12 +4,14 @@ Every check takes (seed,); checks_for(tp) lists those that apply."""
 
 from __future__ import annotations
 
+import warnings
 from typing import List
 
 import torch
 import torch.distributed as dist
 
 import del_megatron as dm
+from del_megatron.kernels import linear
 from del_megatron.loss import LOSSES
 from del_megatron.sequence import cp_positions
 
@@ -35,13 +37,19 @@ def _materialised(labels, hidden, weight, cfg, upstream):
     return loss.detach(), hidden.grad, weight.grad
 
 
-def _logits_free(labels, hidden, weight, cfg, upstream, chunk_tokens):
+def _logits_free(labels, hidden, weight, cfg, upstream, chunk_tokens, loss_mask=None):
     """numerical_linear_loss on this rank's vocab shard of the weight, and its gradients."""
     world, rank = dist.get_world_size(), dist.get_rank()
     hidden = hidden.clone().requires_grad_(True)
     shard = weight.chunk(world, dim=0)[rank].clone().requires_grad_(True)
     loss = dm.numerical_linear_loss(
-        hidden, shard, labels, cfg, tp_group=dist.group.WORLD, chunk_tokens=chunk_tokens
+        hidden,
+        shard,
+        labels,
+        cfg,
+        tp_group=dist.group.WORLD,
+        chunk_tokens=chunk_tokens,
+        loss_mask=loss_mask,
     )
     (loss * upstream.to(loss.dtype)).sum().backward()
     full_weight_grad = [torch.empty_like(shard.grad) for _ in range(world)]
@@ -75,6 +83,70 @@ def check_equals_materialised(seed: int) -> None:
                 assert _relative_error(ours[1], ref[1]) < grad_tol, f"grad hidden {what}"
                 assert _relative_error(ours[2], ref[2]) < grad_tol, f"grad weight {what}"
                 assert torch.all(ours[0][labels == IGNORE] == 0), what
+
+
+class _CountedChunks:
+    """Counts the linear kernel's chunk matmuls (forward and backward) while active."""
+
+    def __enter__(self):
+        self.calls, self._original = 0, linear._chunk_logits
+
+        def counted(*args):
+            self.calls += 1
+            return self._original(*args)
+
+        linear._chunk_logits = counted
+        return self
+
+    def __exit__(self, *exc):
+        linear._chunk_logits = self._original
+
+
+def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
+    """With loss_mask and an upstream gradient c * loss_mask (Megatron's loss_func), backward
+    multiplies no chunk out again, and values and gradients equal the materialised path; with
+    any other upstream gradient it recomputes, exactly as without loss_mask."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.randint(0, 3, (BATCH, SEQ), generator=gen).float() / 2  # 0, 0.5 and 1
+    chunk, chunks = 5, -(-SEQ * BATCH // 5)
+    for dtype, grad_tol in ((torch.float32, 2e-6), (torch.bfloat16, 3e-2)):
+        labels, hidden, weight, upstream = _inputs(seed, dtype)
+        for loss in LOSSES:
+            for reduction in ("token", "digit"):
+                cfg = dm.NumericalLossConfig(
+                    loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
+                )
+                for grad_out, forward_only in ((mask * 0.37, True), (upstream, False)):
+                    what = f"{loss} {reduction} {dtype} proportional={forward_only}"
+                    ref = _materialised(labels, hidden, weight, cfg, grad_out)
+                    with _CountedChunks() as counted, warnings.catch_warnings(record=True) as w:
+                        warnings.simplefilter("always")
+                        ours = _logits_free(labels, hidden, weight, cfg, grad_out, chunk, mask)
+                    assert counted.calls == (1 if forward_only else 2) * chunks, what
+                    warned = [x for x in w if str(x.message) == linear.NOT_PROPORTIONAL]
+                    assert len(warned) == (0 if forward_only else 1), what
+                    torch.testing.assert_close(ours[0], ref[0], rtol=2e-6, atol=2e-6, msg=what)
+                    assert _relative_error(ours[1], ref[1]) < grad_tol, f"grad hidden {what}"
+                    assert _relative_error(ours[2], ref[2]) < grad_tol, f"grad weight {what}"
+
+
+def check_loss_mask_second_backward(seed: int) -> None:
+    """A second backward through the same graph (retain_graph) recomputes: the gradients formed
+    in forward are spent by the first, and both equal the materialised path's."""
+    labels, hidden, weight, _ = _inputs(seed, torch.float32)
+    mask = torch.ones(BATCH, SEQ)
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB)
+    ref = _materialised(labels, hidden, weight, cfg, mask * 2)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    h = hidden.clone().requires_grad_(True)
+    shard = weight.chunk(world)[rank].clone().requires_grad_(True)
+    loss = dm.numerical_linear_loss(h, shard, labels, cfg, dist.group.WORLD, loss_mask=mask)
+    loss.sum().backward(retain_graph=True)
+    with _CountedChunks() as counted:
+        loss.sum().backward()
+    assert counted.calls > 0
+    assert _relative_error(h.grad, ref[1]) < 2e-6
+    assert _relative_error(_gathered_rows(shard.grad, dist.group.WORLD), ref[2]) < 2e-6
 
 
 def check_large_logits(seed: int) -> None:
@@ -198,7 +270,11 @@ def check_tp_sp_and_cp(seed: int) -> None:
     upstream = torch.rand(BATCH, seq, generator=gen) + 0.5
     positions = cp_positions(local, cp, cp_rank)
     rows = slice(tp_rank * local // tp, (tp_rank + 1) * local // tp)
-    for loss in ("del", "dist2", "ntl_was"):
+    mask = (torch.rand(BATCH, seq, generator=gen) > 0.2).float()
+    for loss, loss_mask in (("del", None), ("dist2", None), ("ntl_was", None), ("del", mask)):
+        # with loss_mask, the upstream gradient is proportional to it: formed in forward
+        if loss_mask is not None:
+            upstream = loss_mask * 0.25
         cfg = dm.NumericalLossConfig(loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction="digit")
         want = _whole_reference(labels, hidden, weight, cfg, upstream)
         mine = hidden[positions][rows].clone().requires_grad_(True)
@@ -212,6 +288,7 @@ def check_tp_sp_and_cp(seed: int) -> None:
             cp_group=cp_group,
             sequence_parallel=True,
             chunk_tokens=5,
+            loss_mask=None if loss_mask is None else loss_mask[:, positions],
         )
         (got * upstream[:, positions]).sum().backward()
         torch.testing.assert_close(got.double(), want[0][:, positions], rtol=2e-6, atol=2e-6)
@@ -223,6 +300,7 @@ def check_tp_sp_and_cp(seed: int) -> None:
 
 def checks_for(tp: int) -> List[str]:
     names = ["check_equals_materialised", "check_large_logits", "check_gradcheck_float64"]
+    names += ["check_loss_mask_forms_gradients_in_forward", "check_loss_mask_second_backward"]
     if tp > 1:
         names += ["check_sequence_parallel_hidden_refused"]
         names += ["check_sequence_parallel_equals_materialised"]

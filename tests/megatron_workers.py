@@ -413,7 +413,7 @@ def _refused_by_this_core() -> bool:
     raise AssertionError("logits_free was accepted by a core without output_processor")
 
 
-def _loss_and_grads(model, logits_free: bool, args, labels, upstream, cfg=CFG):
+def _loss_and_grads(model, logits_free: bool, args, labels, upstream, cfg=CFG, **kwargs):
     """Per-token loss, every parameter's gradient and the calls of the output layer's forward
     (logits formed) for one forward/backward with the hook registered."""
     calls = []
@@ -426,7 +426,7 @@ def _loss_and_grads(model, logits_free: bool, args, labels, upstream, cfg=CFG):
     model.output_layer.forward = counted
     dmm.register(cfg, logits_free=logits_free)
     try:
-        loss = model(*args, labels=labels)
+        loss = model(*args, labels=labels, **kwargs)
         (loss * upstream).sum().backward()
         report = dmm.numerical_loss_func(torch.ones_like(labels, dtype=torch.float), loss)[2]
     finally:
@@ -474,6 +474,33 @@ def check_logits_free_equals_materialised(tp: int) -> None:
         finally:
             dmm.unregister()
         assert logits.shape == (2, tokens.size(1), model.vocab_size // tp), what
+    _check_logits_free_with_loss_mask(tp, tokens, labels, positions)
+
+
+def _check_logits_free_with_loss_mask(tp: int, tokens, labels, positions) -> None:
+    """GPTModel hands the processor loss_mask (pretrain_gpt passes it): with an upstream gradient
+    proportional to it, as Megatron's loss_func gives, backward multiplies no chunk out again."""
+    from del_megatron.kernels import linear
+
+    mask = (torch.rand(labels.shape, generator=torch.Generator().manual_seed(23)) > 0.3).float()
+    build = dict(sequence_parallel=tp > 1, share_embeddings_and_output_weights=True)
+    args, upstream = (tokens, positions, None), mask / 7
+    want = _loss_and_grads(build_gpt(tp, **build), False, args, labels, upstream, loss_mask=mask)
+    chunk_logits, chunks = linear._chunk_logits, []
+
+    def counted(*a):
+        chunks.append(a[0].size(0))
+        return chunk_logits(*a)
+
+    linear._chunk_logits = counted
+    try:
+        model = build_gpt(tp, **build)
+        ours = _loss_and_grads(model, True, args, labels, upstream, loss_mask=mask)
+    finally:
+        linear._chunk_logits = chunk_logits
+    _assert_same_training_signal(ours, want, f"tp {tp} loss_mask")
+    # one chunk holds every token here: multiplied out once in forward, never again in backward
+    assert chunks == [labels.numel()], chunks
 
 
 def check_logits_free_refusals(tp: int) -> None:

@@ -100,6 +100,7 @@ def digit_cross_entropy(
     inplace: bool = False,
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
+    ce_weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] and digit logits [N, 10] for targets [N] (int64).
 
@@ -110,7 +111,9 @@ def digit_cross_entropy(
     the softmax first) to save one [N, V/tp] buffer. validate checks labels against the vocab
     (one host sync) and that shard sizes agree. chunk_tokens: rows a pass takes at once
     (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits;
-    "softmax" always takes all rows).
+    "softmax" always takes all rows). ce_weights [N] (linear kernel only): the weights the
+    caller reduces ce by, up to a scalar; forward then forms the gradients and backward scales
+    them (LinearDigitCrossEntropy).
     """
     if len(inputs) == 2:
         kernel = _linear_kernel(kernel, inplace)
@@ -118,11 +121,13 @@ def digit_cross_entropy(
     else:
         kernel = resolve_kernel(kernel, inputs[0], inplace)
         local_vocab = inputs[0].size(-1)
+        if ce_weights is not None:
+            raise ValueError("ce_weights applies to the linear kernel (hidden, weight) only")
     shard = VocabShard.of(local_vocab, tp_group)
     chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, inputs[0].size(0))
     vocab.check_vocab_size(shard.full_size)
     digits = DigitColumns.of(vocab, shard)
-    plan = KernelPlan(shard, digits, ignore_index, validate, inplace, chunk_tokens)
+    plan = KernelPlan(shard, digits, ignore_index, validate, inplace, chunk_tokens, ce_weights)
     return FUNCTIONS[kernel].apply(*inputs, target, plan)
 
 

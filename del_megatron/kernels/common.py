@@ -127,6 +127,9 @@ class KernelPlan:
     validate: bool
     inplace: bool
     chunk_tokens: int
+    # Linear kernel only: [N] per-row weights the caller reduces ce by (Megatron's loss mask),
+    # up to one scalar; None: the gradients are multiplied out again in backward.
+    ce_weights: Optional[torch.Tensor] = None
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

@@ -3,14 +3,18 @@ tokens, so that the [N, V/tp] logits never exist.
 
 Each chunk of rows is multiplied out, reduced to its cross-entropy, digit logits and log
 normaliser, and dropped. Backward multiplies each chunk out again (one extra matmul) and turns it
-into the gradients of hidden and weight. Per chunk the collectives are those of the softmax kernel
-(the shard-size check rides on the first chunk's MAX); backward adds one SUM all-reduce of
-grad_hidden [N, h] over the tensor-parallel group, as Megatron's ColumnParallelLinear does.
+into the gradients of hidden and weight; or, given the per-row weights that the caller reduces ce
+by (Megatron's loss mask), forward forms both gradients up to one scalar and backward scales them.
+
+Per chunk the collectives are those of the softmax kernel (the shard-size check rides on the
+first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
+tensor-parallel group, as Megatron's ColumnParallelLinear does.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import warnings
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,6 +25,20 @@ from .softmax import softmax_cross_entropy_, softmax_gradient_
 
 # fp32 bytes of one chunk's logits when the caller gives no chunk size.
 LINEAR_CHUNK_BYTES = 256 * 2**20
+
+NOT_PROPORTIONAL = (
+    "numerical_linear_loss: the upstream gradient of the loss is not proportional to loss_mask "
+    "(reduce it as sum(loss * loss_mask) times a scalar, or pass no loss_mask), so backward "
+    "multiplies every chunk out again: exact, one matmul more"
+)
+
+# Bytes of the weight-gradient product formed at a time when it is added to an accumulator of
+# another dtype (a bf16 product into the fp32 accumulator).
+WEIGHT_SLICE_BYTES = 32 * 2**20
+
+# How far (in units of the dtype's eps, relative to the largest entry) the upstream gradient of
+# ce may stray from c * ce_weights for the gradients formed in forward to be used.
+SCALE_TOLERANCE = 32
 
 
 def default_chunk_tokens(local_vocab: int) -> int:
@@ -37,8 +55,18 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
 class LinearDigitCrossEntropy(torch.autograd.Function):
     """(hidden [N, h], weight [V/tp, h], target [N], plan) -> (ce [N], digit_logits [N, 10]).
 
-    Saves hidden, weight and two [N] vectors; nothing [N, V/tp]. plan.inplace must be False
-    (there are no logits to overwrite)."""
+    Keeps nothing [N, V/tp]; plan.inplace must be False (there are no logits to overwrite).
+
+    plan.ce_weights None: saves hidden, weight and two [N] vectors; backward multiplies every
+    chunk out again (4 matmuls in all, the materialised path's 3 plus one).
+
+    plan.ce_weights w [N]: forward also forms each chunk's unscaled gradient
+    (softmax - onehot) * w and multiplies it into grad_hidden [N, h] and an fp32 grad_weight
+    accumulator [V/tp, h] (3 matmuls in all). When the upstream gradient of ce is c * w for one
+    scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale), backward only scales
+    them by c and adds the digit logits' gradient ([N, 10], through ten columns). Any other
+    upstream gradient (or a second backward) takes the recompute route: exact either way.
+    """
 
     @staticmethod
     def forward(
@@ -51,6 +79,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
+        early = None if plan.ce_weights is None else _EarlyGradients.new(hidden, weight, plan)
         step = plan.chunk_tokens
         for start in range(0, n, step):
             part = slice(start, start + step)
@@ -58,37 +87,144 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             ce[part], digit_logits[part], shift[part], log_sum_exp[part] = softmax_cross_entropy_(
                 work, rows.rows(part), plan.digits, plan.shard, plan.validate and start == 0
             )
+            if early is not None:
+                softmax_gradient_(work, rows.rows(part), plan.digits, early.ce_weights[part], None)
+                early.add_chunk(work.to(hidden.dtype), hidden[part], weight, part)
             del work
         ctx.save_for_backward(hidden, weight, shift, log_sum_exp, *rows)
-        ctx.plan = plan
+        # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
+        # them (a second backward recomputes).
+        ctx.plan, ctx.early = plan, early
         ctx.set_materialize_grads(False)
         return ce, digit_logits
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
         hidden, weight, shift, log_sum_exp, *saved_rows = ctx.saved_tensors
-        plan, rows = ctx.plan, TargetRows(*saved_rows)
-        dtype, step = shift.dtype, plan.chunk_tokens
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
-        for start in range(0, hidden.size(0), step):
-            part = slice(start, start + step)
-            grad = _chunk_logits(hidden[part], weight, dtype)
-            grad.sub_(shift[part].unsqueeze(-1)).sub_(log_sum_exp[part].unsqueeze(-1)).exp_()
-            softmax_gradient_(
-                grad,
-                rows.rows(part),
-                plan.digits,
-                None if grad_ce is None else grad_ce[part],
-                None if grad_digits is None else grad_digits[part],
+        plan, rows, early, grads = ctx.plan, TargetRows(*saved_rows), ctx.early, None
+        ctx.early = None
+        if early is not None:
+            scale = early.scale_for(grad_ce, rows)
+            if scale is not None:
+                grads = early.scaled_(scale, grad_digits, hidden, weight, plan)
+            else:
+                warnings.warn(NOT_PROPORTIONAL, stacklevel=2)
+            del early
+        if grads is None:
+            grads = _recomputed_gradients(
+                hidden, weight, shift, log_sum_exp, rows, plan, grad_ce, grad_digits
             )
-            # The materialised path hands the output layer a gradient in the logits' dtype.
-            grad = grad.to(hidden.dtype)
-            torch.matmul(grad, weight, out=grad_hidden[part])
-            grad_weight.add_(torch.matmul(grad.t(), hidden[part]))
-            del grad
+        grad_hidden, grad_weight = grads
         plan.shard.all_reduce(grad_hidden, dist.ReduceOp.SUM)
         return grad_hidden, grad_weight.to(weight.dtype), None, None
+
+
+def _recomputed_gradients(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    shift: torch.Tensor,
+    log_sum_exp: torch.Tensor,
+    rows: TargetRows,
+    plan: KernelPlan,
+    grad_ce: Optional[torch.Tensor],
+    grad_digits: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
+    (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype."""
+    dtype, step = shift.dtype, plan.chunk_tokens
+    grad_hidden = torch.empty_like(hidden)
+    grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+    for start in range(0, hidden.size(0), step):
+        part = slice(start, start + step)
+        grad = _chunk_logits(hidden[part], weight, dtype)
+        grad.sub_(shift[part].unsqueeze(-1)).sub_(log_sum_exp[part].unsqueeze(-1)).exp_()
+        softmax_gradient_(
+            grad,
+            rows.rows(part),
+            plan.digits,
+            None if grad_ce is None else grad_ce[part],
+            None if grad_digits is None else grad_digits[part],
+        )
+        # The materialised path hands the output layer a gradient in the logits' dtype.
+        grad = grad.to(hidden.dtype)
+        torch.matmul(grad, weight, out=grad_hidden[part])
+        _add_weight_gradient_(grad_weight, grad, hidden[part])
+        del grad
+    return grad_hidden, grad_weight
+
+
+def _add_weight_gradient_(
+    grad_weight: torch.Tensor, grad: torch.Tensor, hidden: torch.Tensor
+) -> None:
+    """grad_weight [V/tp, h] (the accumulator) += grad.t() @ hidden for a chunk's grad [c, V/tp]
+    and hidden [c, h]. In one dtype, addmm_ needs no temporary; otherwise the product is formed
+    WEIGHT_SLICE_BYTES of it at a time, not [V/tp, h] whole beside the accumulator."""
+    if grad.dtype == grad_weight.dtype:
+        grad_weight.addmm_(grad.t(), hidden)
+        return
+    rows = max(1, WEIGHT_SLICE_BYTES // (hidden.size(1) * hidden.element_size()))
+    for start in range(0, grad_weight.size(0), rows):
+        part = slice(start, start + rows)
+        grad_weight[part].add_(torch.matmul(grad[:, part].t(), hidden))
+
+
+class _EarlyGradients(NamedTuple):
+    """The gradients formed in forward for upstream gradient ce_weights: ce_weights [N] (0 on
+    ignored rows), grad_hidden [N, h] (this rank's share, the hidden's dtype) and grad_weight
+    [V/tp, h] (fp32/fp64, the accumulator)."""
+
+    ce_weights: torch.Tensor
+    grad_hidden: torch.Tensor
+    grad_weight: torch.Tensor
+
+    @classmethod
+    def new(cls, hidden: torch.Tensor, weight: torch.Tensor, plan: KernelPlan) -> _EarlyGradients:
+        dtype = compute_dtype(hidden)
+        return cls(
+            plan.ce_weights.to(dtype),
+            torch.empty_like(hidden),
+            torch.zeros(weight.shape, dtype=dtype, device=weight.device),
+        )
+
+    def add_chunk(
+        self, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, part: slice
+    ) -> None:
+        """grad [c, V/tp]: the chunk's gradient of the logits, in the hidden's dtype."""
+        torch.matmul(grad, weight, out=self.grad_hidden[part])
+        _add_weight_gradient_(self.grad_weight, grad, hidden)
+
+    def scale_for(
+        self, grad_ce: Optional[torch.Tensor], rows: TargetRows
+    ) -> Optional[torch.Tensor]:
+        """c [] when grad_ce == c * ce_weights on the rows that count (one host sync), else None."""
+        if grad_ce is None:
+            return torch.zeros((), dtype=self.ce_weights.dtype, device=self.ce_weights.device)
+        weights = torch.where(rows.valid, self.ce_weights, 0.0)
+        grad = torch.where(rows.valid, grad_ce.to(weights.dtype), 0.0)
+        norm = weights.square().sum()
+        scale = torch.where(norm > 0, (grad * weights).sum() / norm.clamp(min=1e-300), 0.0)
+        misfit = (grad - scale * weights).abs().amax()
+        tolerance = SCALE_TOLERANCE * torch.finfo(weights.dtype).eps * grad.abs().amax()
+        return scale if bool(misfit <= tolerance) else None
+
+    def scaled_(
+        self,
+        scale: torch.Tensor,
+        grad_digits: Optional[torch.Tensor],
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        plan: KernelPlan,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, 10];
+        scales the accumulator in place (it is spent)."""
+        grad_weight = self.grad_weight.mul_(scale)
+        grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
+        if grad_digits is not None and plan.digits.columns:
+            columns = list(plan.digits.columns)
+            digit_grad = grad_digits[:, list(plan.digits.digits)].to(hidden.dtype)
+            grad_hidden.add_(torch.matmul(digit_grad, weight[columns]))
+            grad_weight[columns] += torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
+        return grad_hidden, grad_weight
 
 
 class SequenceParallelGather(torch.autograd.Function):

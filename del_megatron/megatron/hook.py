@@ -306,11 +306,13 @@ def _logits_free_loss(
     output_weight: Optional[torch.Tensor],
     labels: torch.Tensor,
     context: Any,
+    loss_mask: Optional[torch.Tensor] = None,
     **_: Any,
 ) -> torch.Tensor:
     """GPTModel output_processor: the [b, s] per-token loss of _compute_language_model_loss from
     hidden_states [s, b, h] ([s/tp, b, h] under sequence parallelism) and the output layer's
-    weight shard, chunked over tokens; no [s, b, V/tp] logits."""
+    weight shard, chunked over tokens; no [s, b, V/tp] logits. loss_mask [b, s] (what loss_func
+    weighs each token's loss by) lets the gradients be formed in forward."""
     module = context
     cfg = _resolve_cfg(module)
     _check_digit_ids(cfg)
@@ -329,6 +331,7 @@ def _logits_free_loss(
         cp_group=_cp_group(module),
         cu_seqlens=_cu_seqlens(),
         sequence_parallel=sequence_parallel,
+        loss_mask=loss_mask,
     )
     return _token_loss(parts, cfg)
 

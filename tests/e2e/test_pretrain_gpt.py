@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from del_megatron.kernels.linear import NOT_PROPORTIONAL
 from del_megatron.megatron.logits_free import core_supports
 
 from .conftest import VARIANTS
@@ -165,6 +166,9 @@ def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
         logits_free = trainer.run(f"del-{name}-logits-free", NO_DROPOUT + layout + LOGITS_FREE)
         for run in (materialised, logits_free):
             assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
+        # Megatron's loss_func reduces the loss as sum(loss * loss_mask): the gradients are
+        # formed in forward, never recomputed
+        assert NOT_PROPORTIONAL not in logits_free.log
         for key in ("lm loss", "ce loss", "del term", "digit acc", "grad norm"):
             want = materialised.series(key)
             assert logits_free.series(key) == pytest.approx(want, rel=1e-5, abs=1e-7), key
