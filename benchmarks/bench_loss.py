@@ -21,7 +21,10 @@ ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installe
 del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
 With --linear: linear_materialised (output layer matmul + numerical_lm_loss) against
-linear_logits_free (numerical_linear_loss).
+linear_logits_free (numerical_linear_loss with loss_mask, as --del-logits-free runs it: gradients
+formed in forward) and linear_recompute (without loss_mask: every chunk multiplied out again in
+backward); accumulator_mib is the logits-free path's fp32 [V/tp, h] weight-gradient accumulator
+and accumulator_share its part of that row's peak.
 """
 
 from __future__ import annotations
@@ -196,9 +199,19 @@ def linear_implementations(tp: int, group):
         return dm.numerical_lm_loss(labels, torch.matmul(hidden, weight.t()), cfg, group)
 
     def logits_free(labels, hidden, weight):
+        # loss_mask, as --del-logits-free passes Megatron's: the step's upstream gradient is
+        # proportional to it (here loss.sum()), so the gradients are formed in forward
+        mask = torch.ones(labels.shape, device=labels.device)
+        return dm.numerical_linear_loss(hidden, weight, labels, cfg, group, loss_mask=mask)
+
+    def recompute(labels, hidden, weight):
         return dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=group)
 
-    return {"linear_materialised": materialised, "linear_logits_free": logits_free}
+    return {
+        "linear_materialised": materialised,
+        "linear_logits_free": logits_free,
+        "linear_recompute": recompute,
+    }
 
 
 def _one_step(fn, make_inputs, meter):
@@ -340,6 +353,8 @@ def _ratios(rows, reference: str):
             row["time_ratio"] = row["time_s"] / ref["time_s"]
         if "peak_mib" in row:
             row["peak_ratio"] = row["peak_mib"] / ref["peak_mib"]
+        if "accumulator_mib" in row and "peak_mib" in row:
+            row["accumulator_share"] = row["accumulator_mib"] / row["peak_mib"]
     if "place_weights" in rows and "del" in rows:
         rows["place_weights"]["share_of_del"] = (
             rows["place_weights"]["time_s"] / rows["del"]["time_s"]
@@ -356,6 +371,10 @@ def _print_row(case, name, row):
     fields.append(
         f"{row.get('peak_mib', float('nan')):>9.1f} {row.get('peak_ratio', float('nan')):>7.3f}"
     )
+    if "accumulator_share" in row:
+        fields.append(
+            f"(accumulator {row['accumulator_mib']:.0f} MiB, {row['accumulator_share']:.2f})"
+        )
     print(" ".join(fields), flush=True)
 
 
@@ -389,6 +408,9 @@ def main(argv=None):
         if args.linear:
             case["hidden"] = hidden
         rows = run_case(case, args.reps, args.impls)
+        if args.linear and "linear_logits_free" in rows:
+            accumulator = 4 * (vocab // tp) * hidden  # fp32 [V/tp, h]
+            rows["linear_logits_free"]["accumulator_mib"] = accumulator / 2**20
         reference = "linear_materialised" if args.linear else "megatron_ce"
         _ratios(rows, reference)
         for name, row in rows.items():
