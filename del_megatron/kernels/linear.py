@@ -83,13 +83,19 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         step = plan.chunk_tokens
         for start in range(0, n, step):
             part = slice(start, start + step)
-            work = _chunk_logits(hidden[part], weight, dtype)
+            work, chunk_rows = _chunk_logits(hidden[part], weight, dtype), rows.rows(part)
             ce[part], digit_logits[part], shift[part], log_sum_exp[part] = softmax_cross_entropy_(
-                work, rows.rows(part), plan.digits, plan.shard, plan.validate and start == 0
+                work, chunk_rows, plan.digits, plan.shard, plan.validate and start == 0
             )
             if early is not None:
-                softmax_gradient_(work, rows.rows(part), plan.digits, early.ce_weights[part], None)
-                early.add_chunk(work.to(hidden.dtype), hidden[part], weight, part)
+                softmax_gradient_(work, chunk_rows, plan.digits, early.ce_weights[part], None)
+                _add_chunk_gradients_(
+                    work.to(hidden.dtype),
+                    hidden[part],
+                    weight,
+                    early.grad_hidden[part],
+                    early.grad_weight,
+                )
             del work
         ctx.save_for_backward(hidden, weight, shift, log_sum_exp, *rows)
         # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
@@ -147,10 +153,22 @@ def _recomputed_gradients(
         )
         # The materialised path hands the output layer a gradient in the logits' dtype.
         grad = grad.to(hidden.dtype)
-        torch.matmul(grad, weight, out=grad_hidden[part])
-        _add_weight_gradient_(grad_weight, grad, hidden[part])
+        _add_chunk_gradients_(grad, hidden[part], weight, grad_hidden[part], grad_weight)
         del grad
     return grad_hidden, grad_weight
+
+
+def _add_chunk_gradients_(
+    grad: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    grad_hidden: torch.Tensor,
+    grad_weight: torch.Tensor,
+) -> None:
+    """A chunk's gradient of the logits grad [c, V/tp] (the hidden's dtype) into its rows of
+    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added)."""
+    torch.matmul(grad, weight, out=grad_hidden)
+    _add_weight_gradient_(grad_weight, grad, hidden)
 
 
 def _add_weight_gradient_(
@@ -169,9 +187,9 @@ def _add_weight_gradient_(
 
 
 class _EarlyGradients(NamedTuple):
-    """The gradients formed in forward for upstream gradient ce_weights: ce_weights [N] (0 on
-    ignored rows), grad_hidden [N, h] (this rank's share, the hidden's dtype) and grad_weight
-    [V/tp, h] (fp32/fp64, the accumulator)."""
+    """The gradients formed in forward for upstream gradient ce_weights: ce_weights [N] (as the
+    caller gave them; ignored rows count as 0), grad_hidden [N, h] (this rank's share, the
+    hidden's dtype) and grad_weight [V/tp, h] (fp32/fp64, the accumulator)."""
 
     ce_weights: torch.Tensor
     grad_hidden: torch.Tensor
@@ -185,13 +203,6 @@ class _EarlyGradients(NamedTuple):
             torch.empty_like(hidden),
             torch.zeros(weight.shape, dtype=dtype, device=weight.device),
         )
-
-    def add_chunk(
-        self, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, part: slice
-    ) -> None:
-        """grad [c, V/tp]: the chunk's gradient of the logits, in the hidden's dtype."""
-        torch.matmul(grad, weight, out=self.grad_hidden[part])
-        _add_weight_gradient_(self.grad_weight, grad, hidden)
 
     def scale_for(
         self, grad_ce: Optional[torch.Tensor], rows: TargetRows
