@@ -85,21 +85,26 @@ def check_equals_materialised(seed: int) -> None:
                 assert torch.all(ours[0][labels == IGNORE] == 0), what
 
 
-class _CountedChunks:
-    """Counts the linear kernel's chunk matmuls (forward and backward) while active."""
+class CountedChunks:
+    """Records the rows of every chunk the linear kernel multiplies out (forward and backward)
+    while active."""
 
     def __enter__(self):
-        self.calls, self._original = 0, linear._chunk_logits
+        self.rows, self._original = [], linear._chunk_logits
 
-        def counted(*args):
-            self.calls += 1
-            return self._original(*args)
+        def counted(hidden, *args):
+            self.rows.append(hidden.size(0))
+            return self._original(hidden, *args)
 
         linear._chunk_logits = counted
         return self
 
     def __exit__(self, *exc):
         linear._chunk_logits = self._original
+
+    @property
+    def calls(self) -> int:
+        return len(self.rows)
 
 
 def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
@@ -119,7 +124,7 @@ def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
                 for grad_out, forward_only in ((mask * 0.37, True), (upstream, False)):
                     what = f"{loss} {reduction} {dtype} proportional={forward_only}"
                     ref = _materialised(labels, hidden, weight, cfg, grad_out)
-                    with _CountedChunks() as counted, warnings.catch_warnings(record=True) as w:
+                    with CountedChunks() as counted, warnings.catch_warnings(record=True) as w:
                         warnings.simplefilter("always")
                         ours = _logits_free(labels, hidden, weight, cfg, grad_out, chunk, mask)
                     assert counted.calls == (1 if forward_only else 2) * chunks, what
@@ -142,7 +147,7 @@ def check_loss_mask_second_backward(seed: int) -> None:
     shard = weight.chunk(world)[rank].clone().requires_grad_(True)
     loss = dm.numerical_linear_loss(h, shard, labels, cfg, dist.group.WORLD, loss_mask=mask)
     loss.sum().backward(retain_graph=True)
-    with _CountedChunks() as counted:
+    with CountedChunks() as counted:
         loss.sum().backward()
     assert counted.calls > 0
     assert _relative_error(h.grad, ref[1]) < 2e-6

@@ -13,6 +13,7 @@ from del_megatron import cpu
 from del_megatron import megatron as dmm
 
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
+from .linear_workers import CountedChunks
 
 CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB)
 
@@ -480,27 +481,16 @@ def check_logits_free_equals_materialised(tp: int) -> None:
 def _check_logits_free_with_loss_mask(tp: int, tokens, labels, positions) -> None:
     """GPTModel hands the processor loss_mask (pretrain_gpt passes it): with an upstream gradient
     proportional to it, as Megatron's loss_func gives, backward multiplies no chunk out again."""
-    from del_megatron.kernels import linear
-
     mask = (torch.rand(labels.shape, generator=torch.Generator().manual_seed(23)) > 0.3).float()
     build = dict(sequence_parallel=tp > 1, share_embeddings_and_output_weights=True)
     args, upstream = (tokens, positions, None), mask / 7
     want = _loss_and_grads(build_gpt(tp, **build), False, args, labels, upstream, loss_mask=mask)
-    chunk_logits, chunks = linear._chunk_logits, []
-
-    def counted(*a):
-        chunks.append(a[0].size(0))
-        return chunk_logits(*a)
-
-    linear._chunk_logits = counted
-    try:
+    with CountedChunks() as counted:
         model = build_gpt(tp, **build)
         ours = _loss_and_grads(model, True, args, labels, upstream, loss_mask=mask)
-    finally:
-        linear._chunk_logits = chunk_logits
     _assert_same_training_signal(ours, want, f"tp {tp} loss_mask")
     # one chunk holds every token here: multiplied out once in forward, never again in backward
-    assert chunks == [labels.numel()], chunks
+    assert counted.rows == [labels.numel()], counted.rows
 
 
 def check_logits_free_refusals(tp: int) -> None:
