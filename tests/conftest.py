@@ -2,7 +2,7 @@ import atexit
 import importlib.util
 import os
 import sys
-from collections import OrderedDict
+from typing import Dict
 
 import pytest
 
@@ -16,10 +16,6 @@ _bridge = os.environ.get("DEL_TEST_BRIDGE") == "1" or (
 )
 collect_ignore = [] if _bridge else ["test_bridge.py", "test_nemo.py"]
 
-# Worker groups kept alive at once (each process holds torch and Megatron-Core, ~0.5 GB; a new
-# group costs its processes' imports, ~10 s). The suite uses 7 layouts.
-MAX_LIVE_GROUPS = 4
-
 
 def pytest_configure(config: pytest.Config) -> None:
     # megatron-core warns on import when apex / Transformer Engine are absent (GPU-only extras).
@@ -30,23 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def gloo():
-    """gloo(world_size, **megatron) -> GlooWorkers of that size and Megatron layout (keywords of
-    initialize_model_parallel; default: tensor parallel over all), shared by the whole session
-    (a new one after a failure)."""
-    groups: OrderedDict[tuple, GlooWorkers] = OrderedDict()
+    """gloo(world_size, **megatron) -> GlooWorkers of that size with Megatron's parallel_state in
+    that layout (keywords of initialize_model_parallel; default: tensor parallel over all). One
+    group per world size for the whole session, switched between layouts in place (a new group
+    costs its processes' imports, ~10 s; a failure closes the group and the next call makes one)."""
+    groups: Dict[int, GlooWorkers] = {}
 
     def get(world_size: int, **megatron: int) -> GlooWorkers:
-        megatron = megatron or {"tensor_model_parallel_size": world_size}
-        key = (world_size, *sorted(megatron.items()))
-        group = groups.pop(key, None)
+        group = groups.get(world_size)
         if group is None or not group.alive():
             if group is not None:
                 group.close()
-            while len(groups) >= MAX_LIVE_GROUPS:
-                groups.popitem(last=False)[1].close()
-            group = GlooWorkers(world_size, **megatron)
-        groups[key] = group
-        return group
+            group = groups[world_size] = GlooWorkers(world_size, **megatron)
+        return group.use_layout(**megatron)
 
     def close_all() -> None:
         while groups:

@@ -38,6 +38,15 @@ def _next_task(tasks, parent: int):
                 return None
 
 
+def _use_layout(megatron: Dict[str, int]) -> None:
+    """Megatron's parallel_state in another layout (as Megatron-Core's own unit tests switch
+    between tests): the old groups are dropped, new ones made over the same processes."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(**megatron)
+
+
 def _serve(
     rank: int, world_size: int, port: int, tasks, results, parent: int, megatron: Dict[str, int]
 ) -> None:
@@ -72,6 +81,7 @@ class GlooWorkers:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
         megatron = megatron or {"tensor_model_parallel_size": world_size}
+        self.layout = megatron
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
         port, parent = free_port(), os.getpid()
@@ -84,6 +94,15 @@ class GlooWorkers:
         ]
         for proc in self.procs:
             proc.start()
+
+    def use_layout(self, **megatron: int) -> GlooWorkers:
+        """The same processes with Megatron's parallel_state in this layout (keywords of
+        initialize_model_parallel; default: tensor parallel over all)."""
+        megatron = megatron or {"tensor_model_parallel_size": self.world_size}
+        if megatron != self.layout:
+            self.run(_use_layout, megatron)
+            self.layout = megatron
+        return self
 
     def alive(self) -> bool:
         return all(proc.is_alive() for proc in self.procs)
