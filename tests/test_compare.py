@@ -1,12 +1,11 @@
 """`del-megatron compare`: the statistics against hand-computed cases, the sweep's order and
-resume with a stand-in trainer, and the command itself at toy size with real torchrun runs."""
+resume with a stand-in trainer (the command itself at toy size, with real torchrun runs:
+tests/e2e/test_demo_runs.py)."""
 
 import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -169,39 +168,3 @@ def test_differing_settings_names_each_change_and_skips_what_the_run_lacks():
     wanted = {"steps": 500, "lr": 0.002, "seed": 2, "out_dir": "b", "hidden": 64}
     wanted["eval_problems"] = 9
     assert differing_settings(saved, wanted) == ["steps 1000 -> 500", "seed 1 -> 2"]
-
-
-TOY = "--steps 6 --micro-batch 4 --seq-len 32 --hidden 64 --heads 4 --warmup 1 --save-interval 3"
-TOY_DATA = "--num-docs 400 --num-eval 12"
-
-
-def test_compare_command_at_toy_size(tmp_path):
-    """2 seeds x 2 losses through torchrun (one process: TP=2 is the demo test's); then a rerun
-    that trains nothing."""
-    out = tmp_path / "cmp"
-    argv = [sys.executable, "-m", "del_megatron.cli", "compare", "--out", str(out)]
-    argv += ["--losses", "ce", "del@0.5", "--seeds", "3", "4", "--nproc", "1"]
-    argv += [*TOY.split(), *TOY_DATA.split()]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-    assert first.returncode == 0, first.stderr[-3000:]
-    record = json.loads((out / "compare.json").read_text())
-    assert record["seeds"] == [3, 4] and set(record["summary"]) == {"ce", "del@0.5"}
-    for arm in ("ce", "del@0.5"):
-        for seed in (3, 4):
-            run = json.loads((out / f"seed-{seed}" / arm / "metrics.json").read_text())
-            assert run["finished"] and run["eval_problems"] == 12
-            assert run["config"]["seed"] == seed
-            assert run["config"]["alpha"] == (0.5 if arm != "ce" else 0.0)
-    del_digit = record["summary"]["del@0.5"]["digit_accuracy"]
-    ce_digit = record["summary"]["ce"]["digit_accuracy"]
-    assert del_digit["mean"] == pytest.approx(sum(del_digit["per_seed"]) / 2)
-    expected = [d - c for d, c in zip(del_digit["per_seed"], ce_digit["per_seed"], strict=True)]
-    assert del_digit["difference"]["mean"] == pytest.approx(sum(expected) / 2)
-    assert all(se is not None and se >= 0 for se in del_digit["standard_errors"])
-    assert (out / "compare.png").stat().st_size > 10_000
-    assert "| del@0.5 |" in (out / "compare.md").read_text()
-    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("finished before, not run again") == 4
-    assert json.loads((out / "compare.json").read_text())["summary"] == record["summary"]

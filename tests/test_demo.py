@@ -1,113 +1,13 @@
-"""The CPU demo end to end with real torchrun processes: prepare, train CE and DEL, evaluate,
-resume, and bad input."""
+"""The CPU demo's commands without training runs: prepare, bad input, --help, check (the runs
+themselves, under torchrun: tests/e2e/test_demo_runs.py)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from del_megatron.cli import main
-from del_megatron.ports import free_port
-
-# A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
-TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
-TRAIN = (TRAIN + " --save-interval 6 --warmup 4 --lr 0.005").split()
-DATA = "--num-docs 2000 --num-eval 16".split()
-
-
-def run_cli(*argv):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "del_megatron.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-
-
-@pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    proc = run_cli("demo", "--out", str(out), *TRAIN, *DATA)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
-
-
-def test_quick_demo_learns_and_reports_every_metric(quick_demo):
-    out, proc = quick_demo
-    results = json.loads((out / "results.json").read_text())
-    assert set(results["summary"]) == {"ce", "del"}
-    for loss, run in results["runs"].items():
-        history = run["history"]
-        assert len(history) == 24 and run["finished"]
-        first = sum(h["ce"] for h in history[:3]) / 3
-        last = sum(h["ce"] for h in history[-3:]) / 3
-        assert last < 0.8 * first, (loss, first, last)
-        for key in ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error"):
-            assert isinstance(run[key], float) and run[key] >= 0, key
-    assert results["runs"]["ce"]["history"][0]["loss"] == pytest.approx(
-        results["runs"]["ce"]["history"][0]["ce"]
-    )
-    assert results["runs"]["del"]["history"][0]["loss"] > results["runs"]["del"]["history"][0]["ce"]
-    assert (out / "results.png").stat().st_size > 10_000
-    assert "digit acc" in proc.stdout and "exact answer" in proc.stdout
-    assert (out / "data" / "corpus_text_document.bin").exists()
-
-
-def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
-    out, _ = quick_demo
-    data = str(out / "data")
-    stopped = tmp_path / "stopped"
-    common = ["--data-dir", data, "--loss", "del", "--no-progress", *TRAIN]
-
-    def torchrun():
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "del_megatron.cli",
-            "train",
-        ]
-
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    first = subprocess.run(
-        torchrun() + ["--out-dir", str(stopped), "--stop-after", "12", *common],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert json.loads((stopped / "metrics.json").read_text())["finished"] is False
-    other = subprocess.run(
-        torchrun() + ["--out-dir", str(stopped), "--resume", *common, "--lr", "0.00123"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert other.returncode != 0
-    assert "trained with other settings (lr" in other.stderr and "-> 0.00123" in other.stderr
-    second = subprocess.run(
-        torchrun() + ["--out-dir", str(stopped), "--resume", *common],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert second.returncode == 0, second.stderr[-3000:]
-    resumed = json.loads((stopped / "metrics.json").read_text())["history"]
-    unstopped = json.loads((out / "del" / "metrics.json").read_text())["history"]
-    assert [h["step"] for h in resumed] == list(range(1, 25))
-    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in unstopped], rel=1e-5)
 
 
 def test_prepare_bad_input(tmp_path, capsys):

@@ -1,0 +1,146 @@
+"""The CPU demo (the README's main job) and `del-megatron compare` run for real, at toy size:
+prepare, train CE and DEL under torchrun, evaluate, resume, and a 2 x 2 sweep. The e2e stage
+runs them on Python 3.11, the main job's environment (tests/run.sh)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from del_megatron.ports import free_port
+
+# A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
+TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
+TRAIN = (TRAIN + " --save-interval 6 --warmup 4 --lr 0.005").split()
+DATA = "--num-docs 2000 --num-eval 16".split()
+
+
+def run_cli(*argv):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "del_megatron.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    proc = run_cli("demo", "--out", str(out), *TRAIN, *DATA)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_quick_demo_learns_and_reports_every_metric(quick_demo):
+    out, proc = quick_demo
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["summary"]) == {"ce", "del"}
+    for loss, run in results["runs"].items():
+        history = run["history"]
+        assert len(history) == 24 and run["finished"]
+        first = sum(h["ce"] for h in history[:3]) / 3
+        last = sum(h["ce"] for h in history[-3:]) / 3
+        assert last < 0.8 * first, (loss, first, last)
+        for key in ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error"):
+            assert isinstance(run[key], float) and run[key] >= 0, key
+    assert results["runs"]["ce"]["history"][0]["loss"] == pytest.approx(
+        results["runs"]["ce"]["history"][0]["ce"]
+    )
+    assert results["runs"]["del"]["history"][0]["loss"] > results["runs"]["del"]["history"][0]["ce"]
+    assert (out / "results.png").stat().st_size > 10_000
+    assert "digit acc" in proc.stdout and "exact answer" in proc.stdout
+    assert (out / "data" / "corpus_text_document.bin").exists()
+
+
+def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
+    out, _ = quick_demo
+    data = str(out / "data")
+    stopped = tmp_path / "stopped"
+    common = ["--data-dir", data, "--loss", "del", "--no-progress", *TRAIN]
+
+    def torchrun():
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "del_megatron.cli",
+            "train",
+        ]
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(
+        torchrun() + ["--out-dir", str(stopped), "--stop-after", "12", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((stopped / "metrics.json").read_text())["finished"] is False
+    other = subprocess.run(
+        torchrun() + ["--out-dir", str(stopped), "--resume", *common, "--lr", "0.00123"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert other.returncode != 0
+    assert "trained with other settings (lr" in other.stderr and "-> 0.00123" in other.stderr
+    second = subprocess.run(
+        torchrun() + ["--out-dir", str(stopped), "--resume", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = json.loads((stopped / "metrics.json").read_text())["history"]
+    unstopped = json.loads((out / "del" / "metrics.json").read_text())["history"]
+    assert [h["step"] for h in resumed] == list(range(1, 25))
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in unstopped], rel=1e-5)
+
+
+TOY = "--steps 6 --micro-batch 4 --seq-len 32 --hidden 64 --heads 4 --warmup 1 --save-interval 3"
+TOY_DATA = "--num-docs 400 --num-eval 12"
+
+
+def test_compare_command_at_toy_size(tmp_path):
+    """2 seeds x 2 losses through torchrun (one process: TP=2 is the demo test's); then a rerun
+    that trains nothing."""
+    out = tmp_path / "cmp"
+    argv = [sys.executable, "-m", "del_megatron.cli", "compare", "--out", str(out)]
+    argv += ["--losses", "ce", "del@0.5", "--seeds", "3", "4", "--nproc", "1"]
+    argv += [*TOY.split(), *TOY_DATA.split()]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = json.loads((out / "compare.json").read_text())
+    assert record["seeds"] == [3, 4] and set(record["summary"]) == {"ce", "del@0.5"}
+    for arm in ("ce", "del@0.5"):
+        for seed in (3, 4):
+            run = json.loads((out / f"seed-{seed}" / arm / "metrics.json").read_text())
+            assert run["finished"] and run["eval_problems"] == 12
+            assert run["config"]["seed"] == seed
+            assert run["config"]["alpha"] == (0.5 if arm != "ce" else 0.0)
+    del_digit = record["summary"]["del@0.5"]["digit_accuracy"]
+    ce_digit = record["summary"]["ce"]["digit_accuracy"]
+    assert del_digit["mean"] == pytest.approx(sum(del_digit["per_seed"]) / 2)
+    expected = [d - c for d, c in zip(del_digit["per_seed"], ce_digit["per_seed"], strict=True)]
+    assert del_digit["difference"]["mean"] == pytest.approx(sum(expected) / 2)
+    assert all(se is not None and se >= 0 for se in del_digit["standard_errors"])
+    assert (out / "compare.png").stat().st_size > 10_000
+    assert "| del@0.5 |" in (out / "compare.md").read_text()
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished before, not run again") == 4
+    assert json.loads((out / "compare.json").read_text())["summary"] == record["summary"]
