@@ -18,9 +18,8 @@ class Trainer:
     """Runs one pretrain script (the patched pretrain_gpt.py, or the drop-in from a clean tree)
     and keeps each named run, so tests that look at the same run share it."""
 
-    def __init__(self, tag: str, variant: str, tree: Path, script: Path, workdir: Path) -> None:
-        self.tag, self.variant = tag, variant
-        self.tree, self.script, self.workdir = tree, script, workdir
+    def __init__(self, variant: str, tree: Path, script: Path, workdir: Path) -> None:
+        self.variant, self.tree, self.script, self.workdir = variant, tree, script, workdir
         self._runs: Dict[str, Run] = {}
 
     def path(self, name: str) -> Path:
@@ -44,7 +43,7 @@ def trainers(tmp_path_factory):
             base = tmp_path_factory.mktemp(f"{tag}-{variant}")
             tree = prepare_tree(tag, base / "src", patched=variant == "patched")
             script: Optional[Path] = tree / "pretrain_gpt.py" if variant == "patched" else DROP_IN
-            made[key] = Trainer(tag, variant, tree, script, base)
+            made[key] = Trainer(variant, tree, script, base)
         return made[key]
 
     return get

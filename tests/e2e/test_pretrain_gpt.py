@@ -6,9 +6,7 @@ the values Megatron-LM printed in its own log. The two scripts differ only in ho
 plugin (a patch, or a script that wraps pretrain_gpt's functions): both run the composition,
 telemetry, refusal and --help tests, and the drop-in must print every value the patched script
 prints, on every line. Resume, tensor/sequence parallel and tokenizer runs go through the same
-plugin calls and run once, on the patched script, and on the newest tag of an environment only
-(Python 3.12 runs core_v0.18.0 and core_v0.19.0 over one megatron-core wheel; the older tag gets
-every test of the patch and the drop-in: composition, telemetry, refusals, --help, logits-free).
+plugin calls and run once, on the patched script.
 """
 
 from __future__ import annotations
@@ -37,11 +35,11 @@ PATCHED = "patched"
 
 
 def base_runs(trainer):
-    """The shared runs: CE; DEL token; DEL digit. Where the resume test reads them (the patched
-    script, newest tag) the DEL runs save at 5 (token: torch_dist, digit: torch); elsewhere they
-    save nothing (a torch_dist save re-imports the script in a writer process: ~15 s a run)."""
+    """The shared runs: CE; DEL token; DEL digit. The patched script's DEL runs save at 5 (token:
+    torch_dist, digit: torch) for the resume test; the drop-in's save nothing (a torch_dist save
+    re-imports the script in a writer process: ~15 s a run that no test reads)."""
     common = TINY_GPT + MOCK_DATA + TP2
-    resumed = trainer.variant == PATCHED and trainer.tag == _tags()[-1]
+    resumed = trainer.variant == PATCHED
 
     def saving(fmt: str):
         flags = ["--save", str(trainer.path(f"ckpt-{fmt}")), "--save-interval", "5"]
@@ -102,7 +100,7 @@ def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
                 assert key in entries and is_finite(entries[key]), (iteration, entries)
 
 
-@newest_tag
+@tags
 @parametrize("fmt", ["torch", "torch_dist"])
 def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
     trainer = trainers(tag, PATCHED)
@@ -135,7 +133,7 @@ SP = ["--sequence-parallel"]
 LOGITS_FREE = ["--del-logits-free"]
 
 
-@newest_tag
+@tags
 def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag):
     trainer = trainers(tag, PATCHED)
     common = NO_DROPOUT
@@ -224,7 +222,7 @@ def test_null_tokenizer_without_digit_ids_stops_before_training(trainers, tag, v
     assert "--del-digit-token-ids" in run.log and "NullTokenizer" in run.log, run.log[-3000:]
 
 
-@newest_tag
+@tags
 def test_digit_ids_come_from_the_runs_tokenizer_and_merging_ones_are_refused(
     trainers, sentencepiece_models, tag
 ):
