@@ -6,15 +6,13 @@
 #   e2e    Megatron-LM's own pretrain_gpt.py (patched) and examples/pretrain_gpt_del.py under
 #          torchrun on CPU: core_v0.16.1 on Python 3.11 / megatron-core 0.16.1, core_v0.18.0 and
 #          core_v0.19.0 on Python 3.12 / megatron-core 0.19.2 (MEGATRON_LM_DIR: your checkout);
-#          (older tags: the patch and drop-in tests; the newest: every test); on Python 3.11 also
-#          docker/launch.sh on this machine and the demo's torchrun runs (the main job)
+#          on Python 3.11 also docker/launch.sh on this machine and the demo's torchrun runs
+#          (tests/e2e/test_launch_cpu.py, tests/e2e/test_demo_runs.py)
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)
 # Usage: bash tests/run.sh [lint|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
-# environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the stages run in
-# three lanes at once, so that the 2 cores stay busy (one torchrun launch is mostly single-process
-# start-up): lint and the Python 3.11 stages, then the Python 3.12 e2e runs of the older
-# Megatron-LM tags; after the Python 3.12 set-up, its unit stage; and the image stage, then the
-# Python 3.12 e2e runs of the newest tag. Each lane's log is printed when it ends.
+# environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the Python 3.12
+# set-up, its unit stage and the image stage run in the background beside the others (the image
+# copies torch from that environment). Their log is printed when they end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -23,6 +21,17 @@ stages=("$@")
 
 venv_of() {
   case "$1" in py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;; esac
+}
+
+background=()  # the pids of everything()'s background streams
+
+stop_background() {
+  local pid
+  for pid in "${background[@]}"; do
+    pkill -TERM -P "$pid" || true
+    kill "$pid" 2>/dev/null || true
+  done
+  wait
 }
 
 stage() {
@@ -55,86 +64,46 @@ unit_in() {
   fi
 }
 
-e2e_in() {  # e2e_in ENV [PYTEST ARGS...]
-  local env=$1
-  shift
-  # docker/launch.sh and the demo's own runs: on 3.11 here (the main job's environment); on 3.12
-  # launch.sh runs in the image stage's containers
+e2e_in() {
+  # docker/launch.sh on this machine and the demo's torchrun runs: on 3.11 (the main job's
+  # environment); on 3.12 launch.sh runs in the image stage's containers
   local skip=()
-  if [ "$env" != py311 ]; then
+  if [ "$1" != py311 ]; then
     skip=(--ignore=tests/e2e/test_launch_cpu.py --ignore=tests/e2e/test_demo_runs.py)
   fi
-  pytest_in "$env" tests/e2e "${skip[@]}" "$@"
-}
-
-e2e_tags() {  # the Megatron-LM tags the e2e stage runs in ENV, oldest first
-  bash examples/setup_env.sh "$1" >/dev/null
-  "$(venv_of "$1")/bin/python" -c \
-    'from tests.e2e.megatron_lm import tags_for_this_environment as t; print(*t())'
-}
-
-lanes=()  # "name pid log" of everything()'s background lanes
-
-stop_lanes() {
-  local lane name pid log
-  for lane in "${lanes[@]}"; do
-    read -r name pid log <<<"$lane"
-    pkill -TERM -P "$pid" 2>/dev/null || true
-    kill "$pid" 2>/dev/null || true
-  done
-  wait
-  for lane in "${lanes[@]}"; do  # what they had done, for the failure's context
-    read -r name pid log <<<"$lane"
-    echo "=== lane '$name' (stopped): the end of its log"
-    tail -n 40 "$log"
-  done
+  pytest_in "$1" tests/e2e "${skip[@]}"
 }
 
 everything() {
-  local logs ready setup_pid py312_tags older newest lane name pid log rc=0
+  # Two streams: in the foreground lint and the Python 3.11 stages, then the Python 3.12 e2e
+  # stage; in the background after lint, the Python 3.12 set-up (mostly downloads), its unit
+  # stage, then the image stage. One stream alone leaves about a third of 2 cores idle (a
+  # torchrun launch is mostly one process's start-up); a third stream slowed every stage by
+  # 1.5-2.7x. The background log is printed when it ends.
+  local logs background_log ready background_pid
   logs=$(mktemp -d /tmp/del-megatron-ci.XXXXXX)
-  ready=$logs/py312-ready
+  background_log=$logs/background.log ready=$logs/py312-ready
   stage lint lint
   (
     stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge
     touch "$ready"
-  ) >"$logs/set-up.log" 2>&1 &
-  setup_pid=$!
-  py312_ready() {
-    until [ -f "$ready" ] || ! kill -0 "$setup_pid" 2>/dev/null; do sleep 2; done
-    [ -f "$ready" ] || { cat "$logs/set-up.log"; echo "set-up (py312) failed" >&2; return 1; }
-  }
-  (
-    py312_ready
     stage "unit (py312)" unit_in py312
-  ) >"$logs/unit-py312.log" 2>&1 &
-  lanes+=("unit-py312 $! $logs/unit-py312.log")
-  (
-    py312_ready
     stage image bash tests/image/run.sh
-    read -r -a py312_tags <<<"$(e2e_tags py312)"
-    newest=${py312_tags[-1]}
-    stage "e2e (py312, $newest)" e2e_in py312 -k "$newest"
-  ) >"$logs/image-e2e-py312.log" 2>&1 &
-  lanes+=("image-e2e-py312 $! $logs/image-e2e-py312.log")
-  trap stop_lanes EXIT  # a failing stage here ends the run and stops the lanes
+  ) >"$background_log" 2>&1 &
+  background_pid=$!
+  # a failing stage ends the run: the background is stopped (the image stage's clean-up runs)
+  background=("$background_pid")
+  trap stop_background EXIT
   stage "unit (py311)" unit_in py311
   stage "e2e (py311)" e2e_in py311
-  py312_ready
-  read -r -a py312_tags <<<"$(e2e_tags py312)"
-  older=("${py312_tags[@]:0:${#py312_tags[@]}-1}")
-  if [ "${#older[@]}" -gt 0 ]; then
-    stage "e2e (py312, ${older[*]})" e2e_in py312 -k "not ${py312_tags[-1]}"
-  fi
-  cat "$logs/set-up.log"
-  for lane in "${lanes[@]}"; do
-    read -r name pid log <<<"$lane"
-    echo "=== waiting for lane '$name'"
-    if wait "$pid"; then echo "=== lane '$name' passed"; else rc=1; echo "=== lane '$name' FAILED"; fi
-    cat "$log"
-  done
-  lanes=()
-  trap - EXIT
+  until [ -f "$ready" ] || ! kill -0 "$background_pid" 2>/dev/null; do sleep 2; done
+  [ -f "$ready" ] || { cat "$background_log"; echo "set-up (py312) failed" >&2; exit 1; }
+  stage "e2e (py312)" e2e_in py312
+  echo "=== waiting for the background (unit py312, image)"
+  local rc=0
+  wait "$background_pid" || rc=$?
+  background=()
+  cat "$background_log"
   rm -rf "$logs"
   return "$rc"
 }
