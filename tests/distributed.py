@@ -38,6 +38,11 @@ def _next_task(tasks, parent: int):
                 return None
 
 
+def _with_default(world_size: int, megatron: Dict[str, int]) -> Dict[str, int]:
+    """initialize_model_parallel's keywords; none given: tensor parallel over all ranks."""
+    return megatron or {"tensor_model_parallel_size": world_size}
+
+
 def _use_layout(megatron: Dict[str, int]) -> None:
     """Megatron's parallel_state in another layout (as Megatron-Core's own unit tests switch
     between tests): the old groups are dropped, new ones made over the same processes."""
@@ -80,8 +85,7 @@ class GlooWorkers:
     def __init__(self, world_size: int, **megatron: int) -> None:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
-        megatron = megatron or {"tensor_model_parallel_size": world_size}
-        self.layout = megatron
+        megatron = self.layout = _with_default(world_size, megatron)
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
         port, parent = free_port(), os.getpid()
@@ -98,7 +102,7 @@ class GlooWorkers:
     def use_layout(self, **megatron: int) -> GlooWorkers:
         """The same processes with Megatron's parallel_state in this layout (keywords of
         initialize_model_parallel; default: tensor parallel over all)."""
-        megatron = megatron or {"tensor_model_parallel_size": self.world_size}
+        megatron = _with_default(self.world_size, megatron)
         if megatron != self.layout:
             self.run(_use_layout, megatron)
             self.layout = megatron

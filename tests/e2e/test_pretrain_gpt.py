@@ -39,11 +39,10 @@ def base_runs(trainer):
     torch_dist, digit: torch) for the resume test; the drop-in's save nothing (a torch_dist save
     re-imports the script in a writer process: ~15 s a run that no test reads)."""
     common = TINY_GPT + MOCK_DATA + TP2
-    resumed = trainer.variant == PATCHED
 
     def saving(fmt: str):
         flags = ["--save", str(trainer.path(f"ckpt-{fmt}")), "--save-interval", "5"]
-        return flags + ["--ckpt-format", fmt] if resumed else []
+        return flags + ["--ckpt-format", fmt] if trainer.variant == PATCHED else []
 
     ce = trainer.run("ce", common + ["--numerical-loss", "ce"])
     token = trainer.run("del-token", common + DEL + saving("torch_dist"))
@@ -55,7 +54,6 @@ def base_runs(trainer):
 
 parametrize = pytest.mark.parametrize
 tags = parametrize("tag", _tags())
-newest_tag = parametrize("tag", _tags()[-1:])
 variants = parametrize("variant", VARIANTS)
 
 
@@ -186,7 +184,7 @@ BIG_VOCAB += ["--max-position-embeddings", "512", "--micro-batch-size", "4"]
 BIG_VOCAB += ["--global-batch-size", "4", "--train-iters", "2", "--eval-iters", "0"]
 
 
-@newest_tag
+@parametrize("tag", _tags()[-1:])
 def test_logits_free_peak_memory_is_below_the_materialised_runs(trainers, tag):
     """The same 2 steps at TP=2, peak RSS of the largest rank: the logits-free run's is lower
     by at least one copy of the logits. Both figures go to memory.json beside the runs."""
