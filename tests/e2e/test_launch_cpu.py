@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,9 @@ def launch(out_dir, data_dir, log_name, **env):
         **{k: str(v) for k, v in env.items()},
     }
     full_env.setdefault("MASTER_PORT", str(free_port()))
+    # One marker per launch: the two "nodes" share MASTER_PORT, and cleaning up after node 0 must
+    # not SIGKILL node 1 while it is still tearing down.
+    full_env["DEL_TEST_LAUNCH"] = uuid.uuid4().hex
     cmd = [
         "bash",
         str(LAUNCH),
@@ -64,7 +68,7 @@ def launch(out_dir, data_dir, log_name, **env):
         start_new_session=True,
     )
     proc.log = log
-    proc.job_marker = f"MASTER_PORT={full_env['MASTER_PORT']}".encode()
+    proc.job_marker = f"DEL_TEST_LAUNCH={full_env['DEL_TEST_LAUNCH']}".encode()
     return proc
 
 
