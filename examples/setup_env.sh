@@ -58,8 +58,10 @@ fi
 # The test suite lints the shell scripts with Debian's shellcheck.
 if ! command -v shellcheck >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get install -y -qq shellcheck >/dev/null 2>&1 \
-      || { apt-get update -qq >/dev/null && apt-get install -y -qq shellcheck >/dev/null; }
+    # the two set-ups of a CI run can reach this at the same time: wait for the other's apt
+    apt=(apt-get -qq -o DPkg::Lock::Timeout=600)
+    "${apt[@]}" install -y shellcheck >/dev/null 2>&1 \
+      || { "${apt[@]}" update >/dev/null && "${apt[@]}" install -y shellcheck >/dev/null; }
   else
     echo "note: shellcheck is not installed; the shell-lint test will fail" >&2
   fi
