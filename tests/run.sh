@@ -76,12 +76,11 @@ e2e_in() {
 
 everything() {
   # One stage at a time, except the Python 3.12 set-up (downloads and unpacking), which runs
-  # beside lint. Measured alone, the stages add up to about 30 min of wall time on 2 cores; run
-  # in two streams they took 41 min: a torchrun job's gloo ranks wait on each other, and beside
-  # another stream every collective waits for a descheduled rank.
-  local logs setup_log setup_pid rc=0
-  logs=$(mktemp -d /tmp/del-megatron-ci.XXXXXX)
-  setup_log=$logs/setup-py312.log
+  # beside lint. So a fresh clone took 1479 s on 2 cores; in two streams the same stages took
+  # 2451 s, each 2-3x slower than alone (likely: a torchrun job's gloo ranks wait for each other
+  # in every collective, and beside another stream one of them is often descheduled).
+  local setup_log setup_pid rc=0
+  setup_log=$(mktemp /tmp/del-megatron-setup-py312.XXXXXX)
   stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge >"$setup_log" 2>&1 &
   setup_pid=$!
   background=("$setup_pid")
@@ -90,7 +89,7 @@ everything() {
   wait "$setup_pid" || rc=$?
   background=()
   cat "$setup_log"
-  rm -rf "$logs"
+  rm -f "$setup_log"
   [ "$rc" = 0 ] || { echo "set-up (py312) failed" >&2; return "$rc"; }
   stage "unit (py311)" unit_in py311
   stage "e2e (py311)" e2e_in py311
