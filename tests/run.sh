@@ -23,14 +23,13 @@ venv_of() {
   case "$1" in py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;; esac
 }
 
-background=()  # the pids of everything()'s background streams
+setup_pid=""  # everything()'s Python 3.12 set-up while it runs beside lint
 
-stop_background() {
-  local pid
-  for pid in "${background[@]}"; do
-    pkill -TERM -P "$pid" || true
-    kill "$pid" 2>/dev/null || true
-  done
+stop_setup() {  # a failing lint ends the run: the set-up beside it stops too
+  if [ -n "$setup_pid" ]; then
+    pkill -TERM -P "$setup_pid" || true
+    kill "$setup_pid" 2>/dev/null || true
+  fi
   wait
 }
 
@@ -79,15 +78,14 @@ everything() {
   # beside lint. So a fresh clone took 1479 s on 2 cores; in two streams the same stages took
   # 2451 s, each 2-3x slower than alone (likely: a torchrun job's gloo ranks wait for each other
   # in every collective, and beside another stream one of them is often descheduled).
-  local setup_log setup_pid rc=0
+  local setup_log rc=0
   setup_log=$(mktemp /tmp/del-megatron-setup-py312.XXXXXX)
   stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge >"$setup_log" 2>&1 &
   setup_pid=$!
-  background=("$setup_pid")
-  trap stop_background EXIT
+  trap stop_setup EXIT
   stage lint lint
   wait "$setup_pid" || rc=$?
-  background=()
+  setup_pid=""
   cat "$setup_log"
   rm -f "$setup_log"
   [ "$rc" = 0 ] || { echo "set-up (py312) failed" >&2; return "$rc"; }
