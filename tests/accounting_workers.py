@@ -121,19 +121,25 @@ class _nothing:
         return None
 
 
-def check_cut_independence(seed: int) -> None:
+def check_cut_independence(seed: int, per_token: bool) -> None:
+    """Every cut of the global batch (micro-batches x DP ranks) gives the whole-batch loss and
+    gradients."""
     dp = dist.get_world_size()
     ref_loss, ref_grads = reference(seed)
     scale = ref_grads.abs().max()
-    for per_token in (True, False):
-        for microbatches in (1, 2, 4) if dp == 1 else (1, 2):
-            loss, grads = megatron_step(seed, microbatches, per_token, accounting=True)
-            what = f"dp {dp} micro-batches {microbatches} per_token_loss {per_token}"
-            torch.testing.assert_close(loss, ref_loss, rtol=2e-6, atol=0, msg=what)
-            torch.testing.assert_close(grads, ref_grads, rtol=0, atol=2e-6 * scale, msg=what)
-    # Teeth: the per-micro-batch digit reduction depends on the cut.
+    for microbatches in (1, 2, 4) if dp == 1 else (1, 2):
+        loss, grads = megatron_step(seed, microbatches, per_token, accounting=True)
+        what = f"dp {dp} micro-batches {microbatches} per_token_loss {per_token}"
+        torch.testing.assert_close(loss, ref_loss, rtol=2e-6, atol=0, msg=what)
+        torch.testing.assert_close(grads, ref_grads, rtol=0, atol=2e-6 * scale, msg=what)
+
+
+def check_without_accounting_the_cut_shows(seed: int) -> None:
+    """Teeth for check_cut_independence: a per-micro-batch digit reduction depends on the cut."""
+    dp = dist.get_world_size()
+    ref_grads = reference(seed)[1]
     _, grads = megatron_step(seed, 4 // dp, True, accounting=False)
-    gap = ((grads - ref_grads).abs().max() / scale).item()
+    gap = ((grads - ref_grads).abs().max() / ref_grads.abs().max()).item()
     assert gap > 1e-4, gap
 
 
@@ -147,11 +153,11 @@ def check_count_needs_a_wrapped_iterator() -> None:
         raise AssertionError("term_scale without counts was not refused")
 
 
-def check_megatron_lm_glue(seed: int) -> None:
+def check_megatron_lm_glue(seed: int, per_token: bool) -> None:
     """Megatron-LM's layout at TP = world size: only tensor-parallel rank 0 holds a data
     iterator (its get_batch broadcasts the batch); lm.counted() counts the step there and the
     other rank receives the counts. Reported loss and the (replicated) final-norm gradient equal
-    the whole-batch reference, for calculate_per_token_loss on and off."""
+    the whole-batch reference (calculate_per_token_loss on or off: `per_token`)."""
     import types
 
     from megatron.core import parallel_state as ps
@@ -177,54 +183,53 @@ def check_megatron_lm_glue(seed: int) -> None:
     microbatches, size = 4, GLOBAL_BATCH // 4
     init_num_microbatches_calculator(rank, None, GLOBAL_BATCH, size, 1)
     try:
-        for per_token in (True, False):
-            model = build_gpt(tp, config_kwargs={"calculate_per_token_loss": per_token})
-            batches = [
-                {
-                    "tokens": tokens[i * size : (i + 1) * size],
-                    "labels": labels[i * size : (i + 1) * size],
-                }
-                for i in range(microbatches)
-            ]
-            data = iter(batches) if ps.get_tensor_model_parallel_rank() == 0 else None
+        model = build_gpt(tp, config_kwargs={"calculate_per_token_loss": per_token})
+        batches = [
+            {
+                "tokens": tokens[i * size : (i + 1) * size],
+                "labels": labels[i * size : (i + 1) * size],
+            }
+            for i in range(microbatches)
+        ]
+        data = iter(batches) if ps.get_tensor_model_parallel_rank() == 0 else None
 
-            def forward_step(data_iterator, model):
-                data_iterator = lm.counted(data_iterator, model)
-                batch = next(data_iterator) if data_iterator is not None else None
-                shape = (size, tokens.size(1))
-                received = [torch.empty(shape, dtype=torch.long) for _ in range(2)]
-                if batch is not None:
-                    received = [batch["tokens"].clone(), batch["labels"].clone()]
-                for t in received:
-                    dist.broadcast(t, src=ps.get_tensor_model_parallel_src_rank())
-                output = model(received[0], positions[:size], None, labels=received[1])
-                mask = torch.ones(shape)
-                return output, partial(dmm.numerical_loss_func, mask)
+        def forward_step(data_iterator, model):
+            data_iterator = lm.counted(data_iterator, model)
+            batch = next(data_iterator) if data_iterator is not None else None
+            shape = (size, tokens.size(1))
+            received = [torch.empty(shape, dtype=torch.long) for _ in range(2)]
+            if batch is not None:
+                received = [batch["tokens"].clone(), batch["labels"].clone()]
+            for t in received:
+                dist.broadcast(t, src=ps.get_tensor_model_parallel_src_rank())
+            output = model(received[0], positions[:size], None, labels=received[1])
+            mask = torch.ones(shape)
+            return output, partial(dmm.numerical_loss_func, mask)
 
-            args = types.SimpleNamespace(numerical_loss="del", calculate_per_token_loss=per_token)
-            # As Megatron-LM's registration does: the step accounting is made on first use.
-            dmm.register(CFG, step_accounting=partial(lm.step_accounting, CFG, args))
-            try:
-                assert accounting.active() is None
-                reports = _schedule(forward_step, data, model, microbatches, tokens.size(1), size)
-                assert accounting.active() is not None
-            finally:
-                dmm.unregister()
+        args = types.SimpleNamespace(numerical_loss="del", calculate_per_token_loss=per_token)
+        # As Megatron-LM's registration does: the step accounting is made on first use.
+        dmm.register(CFG, step_accounting=partial(lm.step_accounting, CFG, args))
+        try:
             assert accounting.active() is None
-            summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
-            what = f"tp rank {rank} per_token_loss {per_token}"
-            torch.testing.assert_close(
-                summed[0] / summed[1], ref_loss.detach(), rtol=2e-6, atol=0, msg=what
-            )
-            # No finalize_model_grads here: per-token gradients are still sums over tokens.
-            norm_grad = model.decoder.final_layernorm.weight.grad
-            scale = float(summed[1]) if per_token else 1.0
-            torch.testing.assert_close(
-                norm_grad / scale,
-                ref_norm_grad,
-                rtol=0,
-                atol=2e-6 * ref_norm_grad.abs().max(),
-                msg=what,
-            )
+            reports = _schedule(forward_step, data, model, microbatches, tokens.size(1), size)
+            assert accounting.active() is not None
+        finally:
+            dmm.unregister()
+        assert accounting.active() is None
+        summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
+        what = f"tp rank {rank} per_token_loss {per_token}"
+        torch.testing.assert_close(
+            summed[0] / summed[1], ref_loss.detach(), rtol=2e-6, atol=0, msg=what
+        )
+        # No finalize_model_grads here: per-token gradients are still sums over tokens.
+        norm_grad = model.decoder.final_layernorm.weight.grad
+        scale = float(summed[1]) if per_token else 1.0
+        torch.testing.assert_close(
+            norm_grad / scale,
+            ref_norm_grad,
+            rtol=0,
+            atol=2e-6 * ref_norm_grad.abs().max(),
+            msg=what,
+        )
     finally:
         destroy_num_microbatches_calculator()
