@@ -31,9 +31,9 @@ import sys
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--loss", default="del", choices=["ce", "del", "ntl_was", "ntl_mse", "dist2"]
-    )
+    from del_megatron.loss import LOSSES
+
+    parser.add_argument("--loss", default="del", choices=list(LOSSES))
     parser.add_argument("--alpha", type=float, default=0.01)
     parser.add_argument("--reduction", default="token", choices=["token", "digit"])
     parser.add_argument(

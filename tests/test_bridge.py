@@ -97,3 +97,19 @@ def test_model_config_path_works_or_refuses_loudly(bridge):
     assert not r["outer_reaches_model"]
     assert r["outer_refused"] is not None and "ModelConfig.transformer" in r["outer_refused"]
     assert r["loss_sum"] == pytest.approx(r["ref_loss_sum"], rel=1e-5)
+
+
+def test_recipe_example_dry_run_enables_the_loss(tmp_path):
+    """examples/bridge_pretrain_del.py --tiny --dry-run, as README gives it: a recipe
+    ConfigContainer, enable_numerical_loss reads the digit ids from the recipe's tokenizer."""
+    from .bridge_workers import digit_tokenizer_dir
+
+    command = [sys.executable, "-W", "ignore", "examples/bridge_pretrain_del.py", "--tiny"]
+    command += ["--tokenizer", digit_tokenizer_dir(str(tmp_path)), "--dry-run", "--loss", "dist2"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("DEL: "))
+    assert line == (
+        "DEL: dist2, alpha 0.01, token reduction, digit ids [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "
+        "decimal points [12]; provider megatron.bridge.models.gpt_provider.GPTModelProvider"
+    )
