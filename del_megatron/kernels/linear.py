@@ -1,12 +1,14 @@
-"""The "linear" kernel: the output-layer matmul and the softmax kernel's steps, chunked over
-tokens, so that the [N, V/tp] logits never exist.
+"""The "linear" kernel: the output-layer matmul and the recompute kernel's two passes, chunked
+over tokens, so that the [N, V/tp] logits never exist.
 
-Each chunk of rows is multiplied out, reduced to its cross-entropy, digit logits and log
-normaliser, and dropped. Backward multiplies each chunk out again (one extra matmul) and turns it
-into the gradients of hidden and weight; or, given the per-row weights that the caller reduces ce
-by (Megatron's loss mask), forward forms both gradients up to one scalar and backward scales them.
+Each chunk of rows is multiplied out in the input dtype (as the output layer gives its logits),
+reduced to its cross-entropy, digit logits and log normaliser by the recompute kernel's passes
+(a few MiB converted to fp32 at a time, so a bf16 chunk has no fp32 twin), and dropped.
+Backward multiplies each chunk out again (one extra matmul) and turns it, in place, into the
+gradients of hidden and weight; or, given the per-row weights that the caller reduces ce by
+(Megatron's loss mask), forward forms both gradients up to one scalar and backward scales them.
 
-Per chunk the collectives are those of the softmax kernel (the shard-size check rides on the
+Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
 tensor-parallel group, as Megatron's ColumnParallelLinear does.
 """
@@ -20,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from ..vocab import NUM_DIGITS
+from . import recompute
 from .common import KernelPlan, TargetRows, compute_dtype, rows_per_chunk
-from .softmax import softmax_cross_entropy_, softmax_gradient_
 
-# fp32 bytes of one chunk's logits when the caller gives no chunk size.
+# Rows of a chunk when the caller gives no chunk size: as many as 256 MiB of fp32 logits hold
+# (the chunk itself is in the input dtype: 128 MiB of bf16).
 LINEAR_CHUNK_BYTES = 256 * 2**20
 
 NOT_PROPORTIONAL = (
@@ -46,10 +49,10 @@ def default_chunk_tokens(local_vocab: int) -> int:
     return rows_per_chunk(local_vocab, LINEAR_CHUNK_BYTES)
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[c, h] x [V/tp, h] -> [c, V/tp] in compute dtype, rounded through the input dtype as the
-    materialised output layer would give them."""
-    return torch.matmul(hidden, weight.t()).to(dtype)
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[c, h] x [V/tp, h] -> [c, V/tp] in the input dtype, as the materialised output layer gives
+    them; the passes over them convert a few MiB at a time to the compute dtype."""
+    return torch.matmul(hidden, weight.t())
 
 
 class LinearDigitCrossEntropy(torch.autograd.Function):
@@ -80,23 +83,32 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
         early = None if plan.ce_weights is None else _EarlyGradients.new(hidden, weight, plan)
-        step = plan.chunk_tokens
+        step, sub_step = plan.chunk_tokens, recompute.default_chunk_tokens(weight.size(0))
+        first_pass, second_pass = recompute.passes(compiled=False)
         for start in range(0, n, step):
             part = slice(start, start + step)
-            work, chunk_rows = _chunk_logits(hidden[part], weight, dtype), rows.rows(part)
-            ce[part], digit_logits[part], shift[part], log_sum_exp[part] = softmax_cross_entropy_(
-                work, chunk_rows, plan.digits, plan.shard, plan.validate and start == 0
+            logits, chunk_rows = _chunk_logits(hidden[part], weight), rows.rows(part)
+            ce[part], digit_logits[part], shift[part], log_sum_exp[part] = recompute.statistics(
+                logits, chunk_rows, plan, first_pass, sub_step, plan.validate and start == 0
             )
             if early is not None:
-                softmax_gradient_(work, chunk_rows, plan.digits, early.ce_weights[part], None)
-                _add_chunk_gradients_(
-                    work.to(hidden.dtype),
-                    hidden[part],
-                    weight,
-                    early.grad_hidden[part],
-                    early.grad_weight,
+                # The chunk becomes its gradient in place.
+                recompute.gradient_into(
+                    logits,
+                    logits,
+                    shift[part],
+                    log_sum_exp[part],
+                    chunk_rows,
+                    plan,
+                    second_pass,
+                    sub_step,
+                    early.ce_weights[part],
+                    None,
                 )
-            del work
+                _add_chunk_gradients_(
+                    logits, hidden[part], weight, early.grad_hidden[part], early.grad_weight
+                )
+            del logits
         ctx.save_for_backward(hidden, weight, shift, log_sum_exp, *rows)
         # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
         # them (a second backward recomputes).
@@ -137,24 +149,28 @@ def _recomputed_gradients(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
     (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype."""
-    dtype, step = shift.dtype, plan.chunk_tokens
+    step, sub_step = plan.chunk_tokens, recompute.default_chunk_tokens(weight.size(0))
+    _, second_pass = recompute.passes(compiled=False)
     grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+    grad_weight = torch.zeros(weight.shape, dtype=shift.dtype, device=weight.device)
     for start in range(0, hidden.size(0), step):
         part = slice(start, start + step)
-        grad = _chunk_logits(hidden[part], weight, dtype)
-        grad.sub_(shift[part].unsqueeze(-1)).sub_(log_sum_exp[part].unsqueeze(-1)).exp_()
-        softmax_gradient_(
-            grad,
+        logits = _chunk_logits(hidden[part], weight)
+        # In the logits' dtype, as the materialised path hands it to the output layer.
+        grad = recompute.gradient_into(
+            logits,
+            logits,
+            shift[part],
+            log_sum_exp[part],
             rows.rows(part),
-            plan.digits,
+            plan,
+            second_pass,
+            sub_step,
             None if grad_ce is None else grad_ce[part],
             None if grad_digits is None else grad_digits[part],
         )
-        # The materialised path hands the output layer a gradient in the logits' dtype.
-        grad = grad.to(hidden.dtype)
         _add_chunk_gradients_(grad, hidden[part], weight, grad_hidden[part], grad_weight)
-        del grad
+        del logits, grad
     return grad_hidden, grad_weight
 
 

@@ -76,21 +76,25 @@ def passes(compiled: bool) -> Tuple[Callable, Callable]:
     return tuple(torch.compile(fn, dynamic=True) for fn in fns)
 
 
-def _forward(
-    ctx, logits: torch.Tensor, target: torch.Tensor, plan: KernelPlan, compiled: bool
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    first_pass, _ = passes(compiled)
+def statistics(
+    logits: torch.Tensor,
+    rows: TargetRows,
+    plan: KernelPlan,
+    first_pass: Callable,
+    step: int,
+    check_sizes: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward over logits [n, V/tp], `step` rows converted at a time, with the MAX and SUM
+    all-reduces: ce [n] (0 on ignored rows), digit logits [n, 10], the row maxima (shift) [n]
+    and the log-sum-exp of the logits minus them [n], all in the compute dtype."""
     dtype, device, n = compute_dtype(logits), logits.device, logits.size(0)
-    rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
-
     maxima = new_maxima(n, dtype, device)
     local_max, local_sum = maxima[:-2], torch.empty(n, dtype=dtype, device=device)
-    step = plan.chunk_tokens
     for start in range(0, n, step):
         part = slice(start, start + step)
         local_max[part], local_sum[part] = first_pass(logits[part])
     local_max = local_max.clone()
-    shift = global_row_max(maxima, plan.shard, plan.validate)
+    shift = global_row_max(maxima, plan.shard, check_sizes)
 
     packed = new_packed(n, dtype, device)
     torch.mul(local_sum, torch.exp(local_max - shift), out=packed[:, SUM_EXP])
@@ -100,27 +104,35 @@ def _forward(
 
     log_sum_exp = torch.log(packed[:, SUM_EXP])
     ce = torch.where(rows.valid, log_sum_exp - (packed[:, TARGET_LOGIT] - shift), 0.0)
-    ctx.save_for_backward(logits, shift, log_sum_exp, *rows)
-    ctx.plan, ctx.compiled = plan, compiled
-    ctx.set_materialize_grads(False)
-    return ce, packed[:, DIGITS].contiguous()
+    return ce, packed[:, DIGITS].contiguous(), shift, log_sum_exp
 
 
-def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-    logits, shift, log_sum_exp, *saved_rows = ctx.saved_tensors
-    plan, rows = ctx.plan, TargetRows(*saved_rows)
-    _, second_pass = passes(ctx.compiled)
+def gradient_into(
+    grad: Optional[torch.Tensor],
+    logits: torch.Tensor,
+    shift: torch.Tensor,
+    log_sum_exp: torch.Tensor,
+    rows: TargetRows,
+    plan: KernelPlan,
+    second_pass: Callable,
+    step: int,
+    grad_ce: Optional[torch.Tensor],
+    grad_digits: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
+    upstream gradients of ce [n] and of the digit logits [n, 10] (None: zero). Written into
+    `grad` (which may be `logits` itself); grad None: a new buffer. Returns it."""
     scale = torch.zeros_like(shift) if grad_ce is None else torch.where(rows.valid, grad_ce, 0.0)
     scale = scale.to(shift.dtype)
     onehot_column = rows.onehot_column()
-    n, step = logits.size(0), plan.chunk_tokens
+    n = logits.size(0)
     digits, columns = list(plan.digits.digits), list(plan.digits.columns)
     # Digit logits are read before an in-place gradient overwrites them.
     digit_logits = logits[:, columns].to(shift.dtype) if columns else None
-    if step >= n and not plan.inplace:
+    if grad is None and step >= n:
         grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
     else:
-        grad = logits if plan.inplace else torch.empty_like(logits)
+        grad = torch.empty_like(logits) if grad is None else grad
         for start in range(0, n, step):
             part = slice(start, start + step)
             grad[part] = second_pass(
@@ -134,6 +146,39 @@ def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.
         if grad_digits is not None:
             digit_grad += grad_digits[:, digits].to(digit_grad.dtype)
         grad[:, columns] = digit_grad.to(grad.dtype)
+    return grad
+
+
+def _forward(
+    ctx, logits: torch.Tensor, target: torch.Tensor, plan: KernelPlan, compiled: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
+    first_pass, _ = passes(compiled)
+    ce, digit_logits, shift, log_sum_exp = statistics(
+        logits, rows, plan, first_pass, plan.chunk_tokens, plan.validate
+    )
+    ctx.save_for_backward(logits, shift, log_sum_exp, *rows)
+    ctx.plan, ctx.compiled = plan, compiled
+    ctx.set_materialize_grads(False)
+    return ce, digit_logits
+
+
+def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
+    logits, shift, log_sum_exp, *saved_rows = ctx.saved_tensors
+    plan = ctx.plan
+    _, second_pass = passes(ctx.compiled)
+    grad = gradient_into(
+        logits if plan.inplace else None,
+        logits,
+        shift,
+        log_sum_exp,
+        TargetRows(*saved_rows),
+        plan,
+        second_pass,
+        plan.chunk_tokens,
+        grad_ce,
+        grad_digits,
+    )
     return grad, None, None
 
 

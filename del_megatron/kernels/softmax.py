@@ -2,7 +2,7 @@
 
 Forward turns a working copy of the logits (or, with inplace, fp32 logits themselves) into the
 softmax over the full vocabulary; backward turns that buffer into the gradient in place, with no
-collective. Its two steps are also the per-chunk steps of the linear kernel.
+collective.
 """
 
 from __future__ import annotations
