@@ -322,8 +322,9 @@ def numerical_linear_loss(
     every tensor-parallel rank), weight [V_local, h] (this rank's shard of the output layer; the
     whole one when tp_group is None, which here too means "no tensor parallelism"), labels
     [b, s] int64. cp_group and cu_seqlens as in numerical_lm_loss. Tokens are processed
-    chunk_tokens at a time (default: 256 MiB of fp32 logits a chunk) and multiplied out again
-    in backward. Gradients reach hidden (summed over the tensor-parallel group) and weight.
+    chunk_tokens at a time (default: 256 MiB of fp32 logits, at most an eighth of the tokens)
+    and multiplied out again in backward. Gradients reach hidden (summed over the
+    tensor-parallel group) and weight.
 
     sequence_parallel: hidden is [s/tp, b, h], this rank's slice of the positions, as Megatron's
     --sequence-parallel hands it to the output layer (labels stay [b, s]); it is all-gathered

@@ -79,9 +79,12 @@ def test_bad_input_is_refused(hidden, weight, labels, kwargs, error, match):
         dm.numerical_linear_loss(hidden, weight, labels, CFG, **kwargs)
 
 
-def test_default_chunk_holds_no_more_than_256_mib_of_logits():
+def test_default_chunk_holds_no_more_than_256_mib_of_logits_nor_an_eighth_of_the_tokens():
     from del_megatron.kernels.linear import default_chunk_tokens
 
-    assert default_chunk_tokens(151936) == 441
-    assert default_chunk_tokens(PADDED_VOCAB_SIZE) * PADDED_VOCAB_SIZE * 4 <= 256 * 2**20
-    assert default_chunk_tokens(2**40) == 1
+    assert default_chunk_tokens(151936, 4096) == 441  # 256 MiB of fp32 logits
+    assert default_chunk_tokens(151936 // 2, 4096) == 512  # TP 2: an eighth of the tokens
+    assert default_chunk_tokens(151936, 100) == 13
+    assert default_chunk_tokens(PADDED_VOCAB_SIZE, 10**6) * PADDED_VOCAB_SIZE * 4 <= 256 * 2**20
+    assert default_chunk_tokens(2**40, 10**6) == 1
+    assert default_chunk_tokens(64, 5) == 1

@@ -13,7 +13,9 @@ called as Kernel.apply(*inputs, target, plan); digit_cross_entropy below picks a
 |           | buffer with inplace)                      |                                       |
 | recompute | the caller's logits + two [N] vectors     | off CUDA, otherwise                   |
 | compiled  | as recompute; passes torch.compile'd      | on CUDA                               |
-| linear    | hidden, weight + two [N] vectors          | numerical_linear_loss (its only one)  |
+| linear    | hidden, weight + two [N] vectors; with    | numerical_linear_loss (its only one); |
+|           | ce_weights grad_hidden [N, h] and an fp32 | its passes as "compiled" on CUDA, as  |
+|           | grad_weight [V/tp, h] formed in forward   | "recompute" elsewhere                 |
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def _chunk_tokens(kernel: str, chunk_tokens: Optional[int], shard: VocabShard, n
     if kernel == "recompute":
         return recompute.default_chunk_tokens(shard.local_size)
     if kernel == "linear":
-        return linear.default_chunk_tokens(shard.local_size)
+        return linear.default_chunk_tokens(shard.local_size, n)
     return max(1, n)
 
 
@@ -110,10 +112,10 @@ def digit_cross_entropy(
     inplace=True lets the logits be overwritten (by the gradient; with "softmax", fp32 logits by
     the softmax first) to save one [N, V/tp] buffer. validate checks labels against the vocab
     (one host sync) and that shard sizes agree. chunk_tokens: rows a pass takes at once
-    (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits;
-    "softmax" always takes all rows). ce_weights [N] (linear kernel only): the weights the
-    caller reduces ce by, up to a scalar; forward then forms the gradients and backward scales
-    them (LinearDigitCrossEntropy).
+    (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits
+    and at most an eighth of the rows; "softmax" always takes all rows). ce_weights [N] (linear
+    kernel only): the weights the caller reduces ce by, up to a scalar; forward then forms the
+    gradients and backward scales them (LinearDigitCrossEntropy).
     """
     if len(inputs) == 2:
         kernel = _linear_kernel(kernel, inplace)

@@ -16,7 +16,7 @@ tensor-parallel group, as Megatron's ColumnParallelLinear does.
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,12 @@ from ..vocab import NUM_DIGITS
 from . import recompute
 from .common import KernelPlan, TargetRows, compute_dtype, rows_per_chunk
 
-# Rows of a chunk when the caller gives no chunk size: as many as 256 MiB of fp32 logits hold
-# (the chunk itself is in the input dtype: 128 MiB of bf16).
+# Rows of a chunk when the caller gives no chunk size: as many as LINEAR_CHUNK_BYTES of fp32
+# logits hold (the chunk itself is in the input dtype: 128 MiB of bf16), and no more than
+# 1/LINEAR_MIN_CHUNKS of the tokens, so that a chunk stays small beside the [N, V/tp] logits and
+# gradient of the materialised path (1/16 of them) at any vocab shard size.
 LINEAR_CHUNK_BYTES = 256 * 2**20
+LINEAR_MIN_CHUNKS = 8
 
 NOT_PROPORTIONAL = (
     "numerical_linear_loss: the upstream gradient of the loss is not proportional to loss_mask "
@@ -36,17 +39,37 @@ NOT_PROPORTIONAL = (
 )
 
 # Bytes of the weight-gradient product formed at a time when it is added to an accumulator of
-# another dtype (a bf16 product into the fp32 accumulator).
-WEIGHT_SLICE_BYTES = 32 * 2**20
+# another dtype (a bf16 product into the fp32 accumulator; on a CPU the add makes an fp32 copy
+# of it too).
+WEIGHT_SLICE_BYTES = 8 * 2**20
 
 # How far (in units of the dtype's eps, relative to the largest entry) the upstream gradient of
 # ce may stray from c * ce_weights for the gradients formed in forward to be used.
 SCALE_TOLERANCE = 32
 
 
-def default_chunk_tokens(local_vocab: int) -> int:
-    """Rows of a chunk when the caller gives no chunk size."""
-    return rows_per_chunk(local_vocab, LINEAR_CHUNK_BYTES)
+def default_chunk_tokens(local_vocab: int, tokens: int) -> int:
+    """Rows of a chunk when the caller gives no chunk size, for `tokens` rows in all."""
+    return max(
+        1, min(rows_per_chunk(local_vocab, LINEAR_CHUNK_BYTES), -(-tokens // LINEAR_MIN_CHUNKS))
+    )
+
+
+# None: the passes over a chunk are torch.compile'd on CUDA and eager elsewhere; True/False
+# forces one (tests run the compiled passes on CPU).
+COMPILED_PASSES: Optional[bool] = None
+
+
+def chunk_passes(
+    hidden: torch.Tensor, weight: torch.Tensor, chunk_rows: int
+) -> Tuple[Callable, Callable, int]:
+    """The recompute kernel's two passes for a chunk and the rows each takes at once: compiled,
+    one fused kernel over the whole chunk (no fp32 copy of it; on CUDA a few MiB a launch would
+    cost more than the matmul), or eager over 8 MiB of fp32 at a time (cache-sized on a CPU)."""
+    compiled = hidden.is_cuda if COMPILED_PASSES is None else COMPILED_PASSES
+    if compiled:
+        return (*recompute.passes(compiled=True), chunk_rows)
+    return (*recompute.passes(compiled=False), recompute.default_chunk_tokens(weight.size(0)))
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -83,8 +106,8 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
         early = None if plan.ce_weights is None else _EarlyGradients.new(hidden, weight, plan)
-        step, sub_step = plan.chunk_tokens, recompute.default_chunk_tokens(weight.size(0))
-        first_pass, second_pass = recompute.passes(compiled=False)
+        step = plan.chunk_tokens
+        first_pass, second_pass, sub_step = chunk_passes(hidden, weight, step)
         for start in range(0, n, step):
             part = slice(start, start + step)
             logits, chunk_rows = _chunk_logits(hidden[part], weight), rows.rows(part)
@@ -149,8 +172,8 @@ def _recomputed_gradients(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
     (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype."""
-    step, sub_step = plan.chunk_tokens, recompute.default_chunk_tokens(weight.size(0))
-    _, second_pass = recompute.passes(compiled=False)
+    step = plan.chunk_tokens
+    _, second_pass, sub_step = chunk_passes(hidden, weight, step)
     grad_hidden = torch.empty_like(hidden)
     grad_weight = torch.zeros(weight.shape, dtype=shift.dtype, device=weight.device)
     for start in range(0, hidden.size(0), step):
