@@ -1,6 +1,7 @@
 """Markdown table of benchmark JSON files (bench_loss.py output), one row per case and impl.
 
 .venv/bin/python benchmarks/table.py benchmarks/bench_loss_cpu.json [--impls del megatron_ce]
+.venv/bin/python benchmarks/table.py --linear benchmarks/bench_linear_cpu.json
 """
 
 from __future__ import annotations
@@ -55,14 +56,45 @@ def summary(paths) -> None:
         )
 
 
+# Issue targets of the logits-free path against the materialised one.
+LINEAR_TIME_TARGET, LINEAR_PEAK_TARGET = 1.3, 0.25
+
+
+def linear_summary(paths) -> None:
+    """One line a case of bench_loss.py --linear: the materialised path, then the logits-free
+    path's time and peak against it, its weight-gradient accumulator and the targets."""
+    print(
+        "| tokens | vocab | h | TP | dtype | materialised ms | materialised MiB | logits-free "
+        "time | logits-free peak | accumulator MiB (share of peak) | targets |"
+    )
+    print("|---" * 11 + "|")
+    for r in rows(paths, ("linear_logits_free",)):
+        ref = next(
+            x
+            for x in rows(paths, ("linear_materialised",))
+            if all(x[k] == r[k] for k in ("tokens", "vocab", "hidden", "tp", "dtype"))
+        )
+        met = r["time_ratio"] <= LINEAR_TIME_TARGET and r["peak_ratio"] <= LINEAR_PEAK_TARGET
+        print(
+            f"| {r['tokens']} | {r['vocab']} | {r['hidden']} | {r['tp']} | {r['dtype']} | "
+            f"{ref['time_s'] * 1e3:.0f} | {ref['peak_mib']:.0f} | {r['time_ratio']:.3f}x | "
+            f"{r['peak_ratio']:.3f}x | {r['accumulator_mib']:.0f} "
+            f"({r['accumulator_share']:.2f}) | {'met' if met else 'missed'} |"
+        )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="+")
     parser.add_argument("--impls", nargs="*", default=[])
     parser.add_argument("--summary", action="store_true", help="one line a case")
+    parser.add_argument("--linear", action="store_true", help="one line a --linear case")
     args = parser.parse_args(argv)
     if args.summary:
         summary(args.json)
+        return
+    if args.linear:
+        linear_summary(args.json)
         return
     print("| tokens | vocab | TP | logits | impl | time ms | x ref | peak MiB | x ref |")
     print("|---|---|---|---|---|---|---|---|---|")
