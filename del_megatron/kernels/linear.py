@@ -179,8 +179,9 @@ def _recomputed_gradients(
     for start in range(0, hidden.size(0), step):
         part = slice(start, start + step)
         logits = _chunk_logits(hidden[part], weight)
-        # In the logits' dtype, as the materialised path hands it to the output layer.
-        grad = recompute.gradient_into(
+        # The chunk becomes its gradient in place, in the logits' dtype, as the materialised
+        # path hands it to the output layer.
+        recompute.gradient_into(
             logits,
             logits,
             shift[part],
@@ -192,8 +193,8 @@ def _recomputed_gradients(
             None if grad_ce is None else grad_ce[part],
             None if grad_digits is None else grad_digits[part],
         )
-        _add_chunk_gradients_(grad, hidden[part], weight, grad_hidden[part], grad_weight)
-        del logits, grad
+        _add_chunk_gradients_(logits, hidden[part], weight, grad_hidden[part], grad_weight)
+        del logits
     return grad_hidden, grad_weight
 
 
