@@ -68,12 +68,10 @@ def linear_summary(paths) -> None:
         "time | logits-free peak | accumulator MiB (share of peak) | targets |"
     )
     print("|---" * 11 + "|")
+    case = ("tokens", "vocab", "hidden", "tp", "dtype")
+    materialised = {tuple(x[k] for k in case): x for x in rows(paths, ("linear_materialised",))}
     for r in rows(paths, ("linear_logits_free",)):
-        ref = next(
-            x
-            for x in rows(paths, ("linear_materialised",))
-            if all(x[k] == r[k] for k in ("tokens", "vocab", "hidden", "tp", "dtype"))
-        )
+        ref = materialised[tuple(r[k] for k in case)]
         met = r["time_ratio"] <= LINEAR_TIME_TARGET and r["peak_ratio"] <= LINEAR_PEAK_TARGET
         print(
             f"| {r['tokens']} | {r['vocab']} | {r['hidden']} | {r['tp']} | {r['dtype']} | "

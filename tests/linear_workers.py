@@ -137,32 +137,15 @@ def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
 
 def check_compiled_passes(seed: int) -> None:
     """The passes over a chunk torch.compile'd, each over the whole chunk (what CUDA runs),
-    forced on CPU: values and gradients equal the materialised path, with loss_mask (gradients
-    formed in forward) and without (recomputed in backward)."""
+    forced on CPU: check_loss_mask_forms_gradients_in_forward holds with them (gradients formed
+    in forward, and recomputed in backward)."""
     from del_megatron.kernels import recompute
 
-    gen = torch.Generator().manual_seed(seed)
-    mask = torch.randint(0, 3, (BATCH, SEQ), generator=gen).float() / 2  # 0, 0.5 and 1
-    chunk, chunks = 5, -(-SEQ * BATCH // 5)
     linear.COMPILED_PASSES = True
     try:
-        for dtype, grad_tol in ((torch.float32, 2e-6), (torch.bfloat16, 3e-2)):
-            labels, hidden, weight, upstream = _inputs(seed, dtype)
-            first, second, rows = linear.chunk_passes(hidden, weight, chunk)
-            assert (first, second, rows) == (*recompute.passes(compiled=True), chunk)
-            for reduction in ("token", "digit"):
-                cfg = dm.NumericalLossConfig(
-                    loss="del", alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
-                )
-                for grad_out, loss_mask in ((upstream, None), (mask * 0.37, mask)):
-                    what = f"{reduction} {dtype} loss_mask={loss_mask is not None}"
-                    ref = _materialised(labels, hidden, weight, cfg, grad_out)
-                    with CountedChunks() as counted:
-                        ours = _logits_free(labels, hidden, weight, cfg, grad_out, chunk, loss_mask)
-                    assert counted.calls == (2 if loss_mask is None else 1) * chunks, what
-                    torch.testing.assert_close(ours[0], ref[0], rtol=2e-6, atol=2e-6, msg=what)
-                    assert _relative_error(ours[1], ref[1]) < grad_tol, f"grad hidden {what}"
-                    assert _relative_error(ours[2], ref[2]) < grad_tol, f"grad weight {what}"
+        hidden, weight = torch.zeros(4, HIDDEN), torch.zeros(PADDED_VOCAB_SIZE, HIDDEN)
+        assert linear.chunk_passes(hidden, weight, 5) == (*recompute.passes(compiled=True), 5)
+        check_loss_mask_forms_gradients_in_forward(seed)
     finally:
         linear.COMPILED_PASSES = None
 
