@@ -22,9 +22,11 @@ del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use i
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
 With --linear: linear_materialised (output layer matmul + numerical_lm_loss) against
 linear_logits_free (numerical_linear_loss with loss_mask, as --del-logits-free runs it: gradients
-formed in forward) and linear_recompute (without loss_mask: every chunk multiplied out again in
-backward); accumulator_mib is the logits-free path's fp32 [V/tp, h] weight-gradient accumulator
-and accumulator_share its part of that row's peak.
+formed in forward, the weight gradient on the "auto" route), linear_logits_free_forward and
+_backward (each route forced) and linear_recompute (without loss_mask: multiplied out again in
+backward); weight_gradient is the route a row took, accumulator_mib its fp32 [V/tp, h]
+weight-gradient accumulator (0 on the "backward" route) and accumulator_share its part of that
+row's peak.
 """
 
 from __future__ import annotations
@@ -187,6 +189,15 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     return impls
 
 
+# The logits-free rows and the weight-gradient route each asks for ("auto": what
+# --del-logits-free runs).
+LINEAR_ROUTES = {
+    "linear_logits_free": "auto",
+    "linear_logits_free_forward": "forward",
+    "linear_logits_free_backward": "backward",
+}
+
+
 def linear_implementations(tp: int, group):
     """name -> fn(labels, hidden [s, b, h], weight [V/tp, h]) returning a [b, s] loss."""
     cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB)
@@ -198,20 +209,24 @@ def linear_implementations(tp: int, group):
             hidden = copy_to_tensor_model_parallel_region(hidden)
         return dm.numerical_lm_loss(labels, torch.matmul(hidden, weight.t()), cfg, group)
 
-    def logits_free(labels, hidden, weight):
-        # loss_mask, as --del-logits-free passes Megatron's: the step's upstream gradient is
-        # proportional to it (here loss.sum()), so the gradients are formed in forward
-        mask = torch.ones(labels.shape, device=labels.device)
-        return dm.numerical_linear_loss(hidden, weight, labels, cfg, group, loss_mask=mask)
+    def logits_free(route):
+        def fn(labels, hidden, weight):
+            # loss_mask, as --del-logits-free passes Megatron's: the step's upstream gradient is
+            # proportional to it (here loss.sum()), so the gradients are formed in forward
+            mask = torch.ones(labels.shape, device=labels.device)
+            return dm.numerical_linear_loss(
+                hidden, weight, labels, cfg, group, loss_mask=mask, weight_gradient=route
+            )
+
+        return fn
 
     def recompute(labels, hidden, weight):
         return dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=group)
 
-    return {
-        "linear_materialised": materialised,
-        "linear_logits_free": logits_free,
-        "linear_recompute": recompute,
-    }
+    impls = {"linear_materialised": materialised}
+    impls.update({name: logits_free(route) for name, route in LINEAR_ROUTES.items()})
+    impls["linear_recompute"] = recompute
+    return impls
 
 
 def _one_step(fn, make_inputs, meter):
@@ -373,7 +388,8 @@ def _print_row(case, name, row):
     )
     if "accumulator_share" in row:
         fields.append(
-            f"(accumulator {row['accumulator_mib']:.0f} MiB, {row['accumulator_share']:.2f})"
+            f"({row['weight_gradient']}: accumulator {row['accumulator_mib']:.0f} MiB, "
+            f"{row['accumulator_share']:.2f})"
         )
     print(" ".join(fields), flush=True)
 
@@ -408,9 +424,8 @@ def main(argv=None):
         if args.linear:
             case["hidden"] = hidden
         rows = run_case(case, args.reps, args.impls)
-        if args.linear and "linear_logits_free" in rows:
-            accumulator = 4 * (vocab // tp) * hidden  # fp32 [V/tp, h]
-            rows["linear_logits_free"]["accumulator_mib"] = accumulator / 2**20
+        if args.linear:
+            _add_routes(rows, case)
         reference = "linear_materialised" if args.linear else "megatron_ce"
         _ratios(rows, reference)
         for name, row in rows.items():
@@ -418,6 +433,19 @@ def main(argv=None):
             _print_row(case, name, row)
         _write(args, results)  # after every case: a long grid keeps what it has
     print(f"wrote {args.json}")
+
+
+def _add_routes(rows, case) -> None:
+    """Each logits-free row's weight-gradient route and its fp32 [V/tp, h] accumulator (0 on
+    the "backward" route)."""
+    from del_megatron.kernels.linear import resolve_weight_gradient
+
+    for name, asked in LINEAR_ROUTES.items():
+        if name in rows:
+            dtype, tokens, hidden = DTYPES[case["dtype"]], case["tokens"], case["hidden"]
+            route = resolve_weight_gradient(asked, tokens, hidden, dtype)
+            accumulator = 4 * (case["vocab"] // case["tp"]) * hidden if route == "forward" else 0
+            rows[name].update(weight_gradient=route, accumulator_mib=accumulator / 2**20)
 
 
 def _write(args, results) -> None:

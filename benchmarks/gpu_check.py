@@ -10,6 +10,7 @@ logits gradients, and exits non-zero on any mismatch.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -67,23 +68,33 @@ def check_kernels(device, results):
 
 
 def check_linear(device, results):
+    """numerical_linear_loss on both weight-gradient routes, with and without a loss mask (with
+    one, the gradients are formed in forward, as --del-logits-free runs), against the fp64
+    reference on the CPU."""
     labels = number_rich_labels(4, 129, 1).to(device)
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(129, 4, 32, generator=gen)
     weight = torch.randn(PADDED_VOCAB_SIZE, 32, generator=gen) / 4
-    for dtype in (torch.float32, torch.bfloat16):
-        cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
-        h = hidden.to(dtype).to(device).requires_grad_(True)
-        w = weight.to(dtype).to(device).requires_grad_(True)
-        total = dm.numerical_linear_loss(h, w, labels, cfg, chunk_tokens=100)
-        total.sum().backward()
+    mask = (torch.rand(4, 129, generator=gen) > 0.25).float()
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    cases = itertools.product((torch.float32, torch.bfloat16), ("forward", "backward"), (0, 1))
+    for dtype, route, masked in cases:
+        h = hidden.to(device, dtype, copy=True).requires_grad_(True)
+        w = weight.to(device, dtype, copy=True).requires_grad_(True)
+        loss_mask = mask.to(device) if masked else None
+        total = dm.numerical_linear_loss(
+            h, w, labels, cfg, chunk_tokens=100, loss_mask=loss_mask, weight_gradient=route
+        )
+        (total * mask.to(device)).sum().backward()
         h64 = hidden.to(dtype).double().requires_grad_(True)
         w64 = weight.to(dtype).double().requires_grad_(True)
         ce, term = reference_lm_loss(labels.cpu(), h64 @ w64.t(), SPLIT_VOCAB, ignore_index=IGNORE)
-        (ce + 0.7 * term).sum().backward()
+        ((ce + 0.7 * term) * mask).sum().backward()
         row = {
             "check": "numerical_linear_loss",
             "dtype": str(dtype),
+            "weight_gradient": route,
+            "loss_mask": bool(masked),
             "value_error": _error(total.detach(), (ce + 0.7 * term).detach()),
             "grad_error": max(_error(h.grad, h64.grad), _error(w.grad, w64.grad)),
         }

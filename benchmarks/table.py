@@ -60,23 +60,34 @@ def summary(paths) -> None:
 LINEAR_TIME_TARGET, LINEAR_PEAK_TARGET = 1.3, 0.25
 
 
+# The logits-free rows: what --del-logits-free runs ("auto"), then each route forced.
+LOGITS_FREE = {
+    "linear_logits_free": "auto: ",
+    "linear_logits_free_forward": "",
+    "linear_logits_free_backward": "",
+}
+
+
 def linear_summary(paths) -> None:
-    """One line a case of bench_loss.py --linear: the materialised path, then the logits-free
-    path's time and peak against it, its weight-gradient accumulator and the targets."""
+    """One line a logits-free row of bench_loss.py --linear: the materialised path, then the
+    logits-free path's weight-gradient route, time and peak against it, its weight-gradient
+    accumulator and the targets. Rows from before the routes existed took "forward"."""
     print(
-        "| tokens | vocab | h | TP | dtype | materialised ms | materialised MiB | logits-free "
-        "time | logits-free peak | accumulator MiB (share of peak) | targets |"
+        "| tokens | vocab | h | TP | dtype | materialised ms | materialised MiB | weight "
+        "gradient | logits-free time | logits-free peak | accumulator MiB (share of peak) | "
+        "targets |"
     )
-    print("|---" * 11 + "|")
+    print("|---" * 12 + "|")
     case = ("tokens", "vocab", "hidden", "tp", "dtype")
     materialised = {tuple(x[k] for k in case): x for x in rows(paths, ("linear_materialised",))}
-    for r in rows(paths, ("linear_logits_free",)):
+    for r in rows(paths, tuple(LOGITS_FREE)):
         ref = materialised[tuple(r[k] for k in case)]
         met = r["time_ratio"] <= LINEAR_TIME_TARGET and r["peak_ratio"] <= LINEAR_PEAK_TARGET
+        route = LOGITS_FREE[r["impl"]] + r.get("weight_gradient", "forward")
         print(
             f"| {r['tokens']} | {r['vocab']} | {r['hidden']} | {r['tp']} | {r['dtype']} | "
-            f"{ref['time_s'] * 1e3:.0f} | {ref['peak_mib']:.0f} | {r['time_ratio']:.3f}x | "
-            f"{r['peak_ratio']:.3f}x | {r['accumulator_mib']:.0f} "
+            f"{ref['time_s'] * 1e3:.0f} | {ref['peak_mib']:.0f} | {route} | "
+            f"{r['time_ratio']:.3f}x | {r['peak_ratio']:.3f}x | {r['accumulator_mib']:.0f} "
             f"({r['accumulator_share']:.2f}) | {'met' if met else 'missed'} |"
         )
 

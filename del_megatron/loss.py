@@ -315,6 +315,7 @@ def numerical_linear_loss(
     inplace: bool = False,
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
+    weight_gradient: str = "auto",
 ) -> Union[torch.Tensor, LossParts]:
     """numerical_lm_loss(labels, hidden @ weight.T, cfg, tp_group, ...) without the logits.
 
@@ -332,9 +333,14 @@ def numerical_linear_loss(
 
     loss_mask [b, s]: the weights the caller's reduction puts on each token's loss, as Megatron's
     loss_func does (sum(loss * loss_mask) times one scale). Forward then also forms the
-    gradients, and backward only scales them: 3 matmuls instead of 4, for an fp32 [V_local, h]
-    weight-gradient accumulator held from forward to backward. Any other reduction still gets
-    exact gradients (backward checks, and multiplies the chunks out again).
+    gradients, and backward only scales them. Any other reduction still gets exact gradients
+    (backward checks, and multiplies the logits out again).
+
+    weight_gradient: where the weight's gradient is formed. "forward" (with loss_mask): summed
+    over the token chunks into an fp32 [V_local, h] accumulator held until backward, 3 matmuls
+    as the materialised path. "backward": vocab tile by vocab tile in backward, one matmul more
+    and nothing [V_local, h] but the gradient. "auto": "forward" while h <= N/8 (bf16/fp16) or
+    h <= 3N/8 (fp32) for N = s * b tokens, where that accumulator stays small beside the logits.
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.
@@ -345,7 +351,7 @@ def numerical_linear_loss(
     if sequence_parallel and _world(tp_group) > 1:
         hidden = SequenceParallelGather.apply(hidden, tp_group)
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
-    how["ce_weights"] = ce_weights
+    how.update(ce_weights=ce_weights, weight_gradient=weight_gradient)
     inputs = (hidden.reshape(-1, hidden.size(-1)), weight)
     parts = _kernel_parts(inputs, labels, cfg, tp_group, cp_group, cu_seqlens, how)
     return _result(parts, cfg, return_parts)

@@ -4,6 +4,7 @@ Every check takes (seed,); checks_for(tp) lists those that apply."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import List
 
@@ -18,6 +19,8 @@ from del_megatron.sequence import cp_positions
 from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
 
 SEQ, BATCH, HIDDEN = 23, 3, 16
+# The weight gradient's two routes (kernels/linear.py); "auto" picks one by size.
+ROUTES = ("forward", "backward")
 
 
 def _inputs(seed: int, dtype: torch.dtype):
@@ -37,8 +40,9 @@ def _materialised(labels, hidden, weight, cfg, upstream):
     return loss.detach(), hidden.grad, weight.grad
 
 
-def _logits_free(labels, hidden, weight, cfg, upstream, chunk_tokens, loss_mask=None):
-    """numerical_linear_loss on this rank's vocab shard of the weight, and its gradients."""
+def _logits_free(labels, hidden, weight, cfg, upstream, chunk_tokens, loss_mask=None, route=None):
+    """numerical_linear_loss on this rank's vocab shard of the weight (the weight gradient on
+    `route`, None: "auto"), and its gradients."""
     world, rank = dist.get_world_size(), dist.get_rank()
     hidden = hidden.clone().requires_grad_(True)
     shard = weight.chunk(world, dim=0)[rank].clone().requires_grad_(True)
@@ -50,6 +54,7 @@ def _logits_free(labels, hidden, weight, cfg, upstream, chunk_tokens, loss_mask=
         tp_group=dist.group.WORLD,
         chunk_tokens=chunk_tokens,
         loss_mask=loss_mask,
+        weight_gradient=route or "auto",
     )
     (loss * upstream.to(loss.dtype)).sum().backward()
     full_weight_grad = [torch.empty_like(shard.grad) for _ in range(world)]
@@ -62,11 +67,11 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.double() - expected.double()).abs().max() / scale).item()
 
 
-def check_equals_materialised(seed: int) -> None:
+def check_equals_materialised(seed: int, route: str = "forward") -> None:
     """Every loss and reduction, fp32 and bf16, several chunk sizes: values and gradients of
     hidden and weight equal those of the materialised logits path."""
-    # fp32: a few ulps. bf16: both paths round logits and gradients to bf16, but the logits-free
-    # path sums the weight gradient over chunks in fp32; a few bf16 ulps apart.
+    # fp32: a few ulps. bf16: both paths round logits and gradients to bf16, but the "forward"
+    # route sums the weight gradient over chunks in fp32; a few bf16 ulps apart.
     for dtype, tol, grad_tol in ((torch.float32, 2e-6, 2e-6), (torch.bfloat16, 2e-6, 3e-2)):
         labels, hidden, weight, upstream = _inputs(seed, dtype)
         for loss in LOSSES:
@@ -75,8 +80,8 @@ def check_equals_materialised(seed: int) -> None:
                     loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
                 )
                 ref = _materialised(labels, hidden, weight, cfg, upstream)
-                ours = _logits_free(labels, hidden, weight, cfg, upstream, chunk)
-                what = f"{loss} {reduction} {dtype} chunk {chunk}"
+                ours = _logits_free(labels, hidden, weight, cfg, upstream, chunk, None, route)
+                what = f"{loss} {reduction} {dtype} chunk {chunk} {route}"
                 assert ours[0].dtype == torch.float32, what
                 assert ours[1].dtype == dtype and ours[2].dtype == dtype, what
                 torch.testing.assert_close(ours[0], ref[0], rtol=tol, atol=tol, msg=what)
@@ -86,34 +91,43 @@ def check_equals_materialised(seed: int) -> None:
 
 
 class CountedChunks:
-    """Records the rows of every chunk the linear kernel multiplies out (forward and backward)
-    while active."""
+    """Records, while active, the rows of every token chunk the linear kernel multiplies out
+    (forward and backward) and the columns of every vocab tile ("backward" route)."""
 
     def __enter__(self):
-        self.rows, self._original = [], linear._chunk_logits
+        self.rows, self.tiles = [], []
+        self._chunk, self._tile = linear._chunk_logits, linear._tile_logits
 
-        def counted(hidden, *args):
+        def chunk(hidden, weight):
             self.rows.append(hidden.size(0))
-            return self._original(hidden, *args)
+            return self._chunk(hidden, weight)
 
-        linear._chunk_logits = counted
+        def tile(hidden, weight_tile):
+            self.tiles.append(weight_tile.size(0))
+            return self._tile(hidden, weight_tile)
+
+        linear._chunk_logits, linear._tile_logits = chunk, tile
         return self
 
     def __exit__(self, *exc):
-        linear._chunk_logits = self._original
+        linear._chunk_logits, linear._tile_logits = self._chunk, self._tile
 
     @property
     def calls(self) -> int:
         return len(self.rows)
 
 
-def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
+def check_loss_mask_forms_gradients_in_forward(seed: int, route: str = "forward") -> None:
     """With loss_mask and an upstream gradient c * loss_mask (Megatron's loss_func), backward
-    multiplies no chunk out again, and values and gradients equal the materialised path; with
-    any other upstream gradient it recomputes, exactly as without loss_mask."""
+    multiplies no token chunk out again (on the "backward" route, each vocab tile once for the
+    weight gradient), and values and gradients equal the materialised path; with any other
+    upstream gradient it recomputes, exactly as without loss_mask."""
     gen = torch.Generator().manual_seed(seed)
     mask = torch.randint(0, 3, (BATCH, SEQ), generator=gen).float() / 2  # 0, 0.5 and 1
     chunk, chunks = 5, -(-SEQ * BATCH // 5)
+    local = PADDED_VOCAB_SIZE // dist.get_world_size()
+    tile = linear.default_tile_columns(local, SEQ * BATCH)
+    tiles = [min(tile, local - start) for start in range(0, local, tile)]
     for dtype, grad_tol in ((torch.float32, 2e-6), (torch.bfloat16, 3e-2)):
         labels, hidden, weight, upstream = _inputs(seed, dtype)
         for loss in LOSSES:
@@ -122,12 +136,18 @@ def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
                     loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
                 )
                 for grad_out, forward_only in ((mask * 0.37, True), (upstream, False)):
-                    what = f"{loss} {reduction} {dtype} proportional={forward_only}"
+                    what = f"{loss} {reduction} {dtype} proportional={forward_only} {route}"
                     ref = _materialised(labels, hidden, weight, cfg, grad_out)
                     with CountedChunks() as counted, warnings.catch_warnings(record=True) as w:
                         warnings.simplefilter("always")
-                        ours = _logits_free(labels, hidden, weight, cfg, grad_out, chunk, mask)
-                    assert counted.calls == (1 if forward_only else 2) * chunks, what
+                        ours = _logits_free(
+                            labels, hidden, weight, cfg, grad_out, chunk, mask, route
+                        )
+                    if route == "forward":
+                        assert counted.calls == (1 if forward_only else 2) * chunks, what
+                        assert counted.tiles == [], what
+                    else:
+                        assert counted.calls == chunks and counted.tiles == tiles, what
                     warned = [x for x in w if str(x.message) == linear.NOT_PROPORTIONAL]
                     assert len(warned) == (0 if forward_only else 1), what
                     torch.testing.assert_close(ours[0], ref[0], rtol=2e-6, atol=2e-6, msg=what)
@@ -137,15 +157,16 @@ def check_loss_mask_forms_gradients_in_forward(seed: int) -> None:
 
 def check_compiled_passes(seed: int) -> None:
     """The passes over a chunk torch.compile'd, each over the whole chunk (what CUDA runs),
-    forced on CPU: check_loss_mask_forms_gradients_in_forward holds with them (gradients formed
-    in forward, and recomputed in backward)."""
+    forced on CPU: check_loss_mask_forms_gradients_in_forward holds with them on both routes
+    (gradients formed in forward, and recomputed in backward)."""
     from del_megatron.kernels import recompute
 
     linear.COMPILED_PASSES = True
     try:
-        hidden, weight = torch.zeros(4, HIDDEN), torch.zeros(PADDED_VOCAB_SIZE, HIDDEN)
-        assert linear.chunk_passes(hidden, weight, 5) == (*recompute.passes(compiled=True), 5)
-        check_loss_mask_forms_gradients_in_forward(seed)
+        hidden = torch.zeros(4, HIDDEN)
+        assert linear.chunk_passes(hidden, 64, 5) == (*recompute.passes(compiled=True), 5)
+        for route in ROUTES:
+            check_loss_mask_forms_gradients_in_forward(seed, route)
     finally:
         linear.COMPILED_PASSES = None
 
@@ -158,28 +179,39 @@ def check_loss_mask_second_backward(seed: int) -> None:
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB)
     ref = _materialised(labels, hidden, weight, cfg, mask * 2)
     world, rank = dist.get_world_size(), dist.get_rank()
-    h = hidden.clone().requires_grad_(True)
-    shard = weight.chunk(world)[rank].clone().requires_grad_(True)
-    loss = dm.numerical_linear_loss(h, shard, labels, cfg, dist.group.WORLD, loss_mask=mask)
-    loss.sum().backward(retain_graph=True)
-    with CountedChunks() as counted:
-        loss.sum().backward()
-    assert counted.calls > 0
-    assert _relative_error(h.grad, ref[1]) < 2e-6
-    assert _relative_error(_gathered_rows(shard.grad, dist.group.WORLD), ref[2]) < 2e-6
+    for route in ROUTES:
+        h = hidden.clone().requires_grad_(True)
+        shard = weight.chunk(world)[rank].clone().requires_grad_(True)
+        loss = dm.numerical_linear_loss(
+            h, shard, labels, cfg, dist.group.WORLD, loss_mask=mask, weight_gradient=route
+        )
+        loss.sum().backward(retain_graph=True)
+        with CountedChunks() as counted:
+            loss.sum().backward()
+        assert counted.calls + len(counted.tiles) > 0, route
+        assert _relative_error(h.grad, ref[1]) < 2e-6, route
+        weight_grad = _gathered_rows(shard.grad, dist.group.WORLD)
+        assert _relative_error(weight_grad, ref[2]) < 2e-6, route
 
 
 def check_large_logits(seed: int) -> None:
-    """Logits of size ~1e4: the recomputed softmax is as exact as the materialised one."""
+    """Logits of size ~1e4: the softmax recomputed from the same chunks ("forward" route) is as
+    exact as the materialised one. The "backward" route multiplies vocab tiles out, another
+    matmul whose logits may differ from forward's in the last bit (ulp(1e4) = 1e-3 in fp32),
+    so its gradient is exact to about eps * max|logit|, no closer."""
     labels, hidden, weight, upstream = _inputs(seed, torch.float32)
     hidden = hidden * 2000
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB)
     ref = _materialised(labels, hidden, weight, cfg, upstream)
-    ours = _logits_free(labels, hidden, weight, cfg, upstream, 4)
-    assert ref[0].abs().max() > 1e3 and torch.isfinite(ours[0]).all()
-    torch.testing.assert_close(ours[0], ref[0], rtol=1e-5, atol=1e-3)
-    assert _relative_error(ours[1], ref[1]) < 1e-5
-    assert _relative_error(ours[2], ref[2]) < 1e-5
+    largest = torch.matmul(hidden, weight.t()).abs().max().item()
+    assert largest > 1e4
+    bound = {"forward": 1e-5, "backward": 4 * torch.finfo(torch.float32).eps * largest}
+    for route in ROUTES:
+        ours = _logits_free(labels, hidden, weight, cfg, upstream, 4, None, route)
+        assert torch.isfinite(ours[0]).all()
+        torch.testing.assert_close(ours[0], ref[0], rtol=1e-5, atol=1e-3, msg=route)
+        assert _relative_error(ours[1], ref[1]) < bound[route], route
+        assert _relative_error(ours[2], ref[2]) < bound[route], route
 
 
 def check_gradcheck_float64(seed: int) -> None:
@@ -190,15 +222,17 @@ def check_gradcheck_float64(seed: int) -> None:
     hidden = torch.randn(4, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(PADDED_VOCAB_SIZE, 3, generator=gen, dtype=torch.float64)
     weight.requires_grad_(True)
-    for loss in LOSSES:
+    for loss, route in itertools.product(LOSSES, ROUTES):
         cfg = dm.NumericalLossConfig(loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction="digit")
 
-        def fn(h, w, cfg=cfg):
+        def fn(h, w, cfg=cfg, route=route):
             shard = _RowShardOfReplicated.apply(w)
             group = dist.group.WORLD
-            return dm.numerical_linear_loss(h, shard, labels, cfg, group, chunk_tokens=3)
+            return dm.numerical_linear_loss(
+                h, shard, labels, cfg, group, chunk_tokens=3, weight_gradient=route
+            )
 
-        assert torch.autograd.gradcheck(fn, (hidden, weight), fast_mode=True), loss
+        assert torch.autograd.gradcheck(fn, (hidden, weight), fast_mode=True), (loss, route)
 
 
 class _RowShardOfReplicated(torch.autograd.Function):
@@ -257,19 +291,27 @@ def check_sequence_parallel_equals_materialised(seed: int) -> None:
     weight = torch.randn(PADDED_VOCAB_SIZE, HIDDEN, generator=gen) / 2
     upstream = torch.rand(BATCH, seq, generator=gen) + 0.5
     rows = slice(rank * 5, (rank + 1) * 5)
-    for loss in LOSSES:
+    for loss, route in itertools.product(LOSSES, ROUTES):
+        what = f"{loss} {route}"
         cfg = dm.NumericalLossConfig(loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction="digit")
         want = _whole_reference(labels, hidden, weight, cfg, upstream)
         mine = hidden[rows].clone().requires_grad_(True)
         shard = weight.chunk(tp)[rank].clone().requires_grad_(True)
         got = dm.numerical_linear_loss(
-            mine, shard, labels, cfg, group, sequence_parallel=True, chunk_tokens=7
+            mine,
+            shard,
+            labels,
+            cfg,
+            group,
+            sequence_parallel=True,
+            chunk_tokens=7,
+            weight_gradient=route,
         )
         (got * upstream).sum().backward()
-        assert got.shape == (BATCH, seq), loss
-        torch.testing.assert_close(got.double(), want[0], rtol=2e-6, atol=2e-6, msg=loss)
-        assert _relative_error(mine.grad, want[1][rows]) < 2e-6, f"grad hidden {loss}"
-        assert _relative_error(_gathered_rows(shard.grad, group), want[2]) < 2e-6, loss
+        assert got.shape == (BATCH, seq), what
+        torch.testing.assert_close(got.double(), want[0], rtol=2e-6, atol=2e-6, msg=what)
+        assert _relative_error(mine.grad, want[1][rows]) < 2e-6, f"grad hidden {what}"
+        assert _relative_error(_gathered_rows(shard.grad, group), want[2]) < 2e-6, what
 
 
 def check_tp_sp_and_cp(seed: int) -> None:
@@ -291,7 +333,8 @@ def check_tp_sp_and_cp(seed: int) -> None:
     positions = cp_positions(local, cp, cp_rank)
     rows = slice(tp_rank * local // tp, (tp_rank + 1) * local // tp)
     mask = (torch.rand(BATCH, seq, generator=gen) > 0.2).float()
-    for loss, loss_mask in (("del", None), ("dist2", None), ("ntl_was", None), ("del", mask)):
+    cases = [("del", None), ("dist2", None), ("ntl_was", None), ("del", mask)]
+    for (loss, loss_mask), route in itertools.product(cases, ROUTES):
         # with loss_mask, the upstream gradient is proportional to it: formed in forward
         if loss_mask is not None:
             upstream = loss_mask * 0.25
@@ -309,18 +352,34 @@ def check_tp_sp_and_cp(seed: int) -> None:
             sequence_parallel=True,
             chunk_tokens=5,
             loss_mask=None if loss_mask is None else loss_mask[:, positions],
+            weight_gradient=route,
         )
         (got * upstream[:, positions]).sum().backward()
-        torch.testing.assert_close(got.double(), want[0][:, positions], rtol=2e-6, atol=2e-6)
-        assert _relative_error(mine.grad, want[1][positions][rows]) < 2e-6, f"hidden {loss}"
+        what = f"{loss} {route} loss_mask={loss_mask is not None}"
+        torch.testing.assert_close(
+            got.double(), want[0][:, positions], rtol=2e-6, atol=2e-6, msg=what
+        )
+        assert _relative_error(mine.grad, want[1][positions][rows]) < 2e-6, f"hidden {what}"
         weight_grad = _gathered_rows(shard.grad, tp_group)
         dist.all_reduce(weight_grad, group=cp_group)
-        assert _relative_error(weight_grad, want[2]) < 2e-6, f"weight {loss}"
+        assert _relative_error(weight_grad, want[2]) < 2e-6, f"weight {what}"
+
+
+def check_equals_materialised_by_tile(seed: int) -> None:
+    """check_equals_materialised with the weight gradient formed by vocab tile in backward."""
+    check_equals_materialised(seed, "backward")
+
+
+def check_loss_mask_by_tile(seed: int) -> None:
+    """check_loss_mask_forms_gradients_in_forward on the "backward" route: grad_hidden formed
+    in forward, the weight gradient by vocab tile (each tile once), exact either way."""
+    check_loss_mask_forms_gradients_in_forward(seed, "backward")
 
 
 def checks_for(tp: int) -> List[str]:
     names = ["check_equals_materialised", "check_large_logits", "check_gradcheck_float64"]
     names += ["check_loss_mask_forms_gradients_in_forward", "check_loss_mask_second_backward"]
+    names += ["check_equals_materialised_by_tile", "check_loss_mask_by_tile"]
     if tp < 4:
         names += ["check_compiled_passes"]
     if tp > 1:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import del_megatron as dm
 from del_megatron import cpu
 from del_megatron import megatron as dmm
+from del_megatron.kernels.linear import resolve_weight_gradient
 
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
 from .linear_workers import CountedChunks
@@ -414,7 +416,7 @@ def _refused_by_this_core() -> bool:
     raise AssertionError("logits_free was accepted by a core without output_processor")
 
 
-def _loss_and_grads(model, logits_free: bool, args, labels, upstream, cfg=CFG, **kwargs):
+def _loss_and_grads(model, logits_free, args, labels, upstream, cfg=CFG, **kwargs):
     """Per-token loss, every parameter's gradient and the calls of the output layer's forward
     (logits formed) for one forward/backward with the hook registered."""
     calls = []
@@ -480,22 +482,27 @@ def check_logits_free_equals_materialised(tp: int) -> None:
 
 def _check_logits_free_with_loss_mask(tp: int, tokens, labels, positions) -> None:
     """GPTModel hands the processor loss_mask (pretrain_gpt passes it): with an upstream gradient
-    proportional to it, as Megatron's loss_func gives, backward multiplies no chunk out again."""
+    proportional to it, as Megatron's loss_func gives, backward multiplies no token chunk out
+    again; on the "backward" weight-gradient route, each vocab tile once."""
     mask = (torch.rand(labels.shape, generator=torch.Generator().manual_seed(23)) > 0.3).float()
     build = dict(sequence_parallel=tp > 1, share_embeddings_and_output_weights=True)
     args, upstream = (tokens, positions, None), mask / 7
     want = _loss_and_grads(build_gpt(tp, **build), False, args, labels, upstream, loss_mask=mask)
-    with CountedChunks() as counted:
-        model = build_gpt(tp, **build)
-        ours = _loss_and_grads(model, True, args, labels, upstream, loss_mask=mask)
-    _assert_same_training_signal(ours, want, f"tp {tp} loss_mask")
-    # every token multiplied out once, in forward; never again in backward
-    assert sum(counted.rows) == labels.numel() and len(counted.rows) > 1, counted.rows
+    for route in ("forward", "backward"):
+        with CountedChunks() as counted:
+            model = build_gpt(tp, **build)
+            ours = _loss_and_grads(model, route, args, labels, upstream, loss_mask=mask)
+        _assert_same_training_signal(ours, want, f"tp {tp} loss_mask {route}")
+        # every token multiplied out once, in forward; never again in backward
+        assert sum(counted.rows) == labels.numel() and len(counted.rows) > 1, counted.rows
+        tiles = model.vocab_size // tp if route == "backward" else 0
+        assert sum(counted.tiles) == tiles and len(counted.tiles) != 1, (route, counted.tiles)
 
 
 def check_logits_free_refusals(tp: int) -> None:
     """A model config asking for logits-free on a model class without output_processor, an
-    output layer with a bias, and MuP's logit multiplier are refused with the fix named."""
+    output layer with a bias, MuP's logit multiplier and an unknown weight-gradient route are
+    refused with the fix named."""
     if _refused_by_this_core():
         return
     from del_megatron.megatron import logits_free as lf
@@ -528,24 +535,33 @@ def check_logits_free_refusals(tp: int) -> None:
     model = build_gpt(tp)
     model.config.use_mup, model.config.mup_output_mult = True, 0.5
     refused(model, "mup_output_mult=0.5")
+    with pytest.raises(ValueError, match="logits_free must be True, False or a weight-gradient"):
+        dmm.register(CFG, logits_free="sideways")
 
 
 def check_logits_free_from_the_model_config(tp: int) -> None:
-    """register(None) with the model config's fields (Bridge's way): del_logits_free=True on the
-    config turns the logits-free route on for that model."""
+    """register(None) with the model config's fields (Bridge's way): del_logits_free=True (or a
+    weight-gradient route) on the config turns the logits-free loss on for that model."""
     if _refused_by_this_core():
         return
     tokens, labels, positions = number_batch(2, seed=23)
     upstream = torch.ones(labels.shape)
     args = (tokens, positions, None)
     want = _loss_and_grads(build_gpt(tp), False, args, labels, upstream)
-    model = build_gpt(tp)
-    for name, value in dmm.config_fields(CFG).items():
-        setattr(model.config, name, value)
-    model.config.del_logits_free = True
-    ours = _loss_and_grads(model, False, args, labels, upstream, cfg=None)
-    assert ours[2] == 0, "logits formed"
-    _assert_same_training_signal(ours, want, f"tp {tp} config field")
+    for setting in (True, "forward", "backward"):
+        model = build_gpt(tp)
+        for name, value in dmm.config_fields(CFG).items():
+            setattr(model.config, name, value)
+        model.config.del_logits_free = setting
+        with CountedChunks() as counted:
+            ours = _loss_and_grads(model, False, args, labels, upstream, cfg=None)
+        assert ours[2] == 0, "logits formed"
+        _assert_same_training_signal(ours, want, f"tp {tp} config field {setting}")
+        # the route the field names ("auto" as the kernel resolves it for this batch)
+        asked = "auto" if setting is True else setting
+        hidden_size = model.config.hidden_size
+        route = resolve_weight_gradient(asked, labels.numel(), hidden_size, torch.float32)
+        assert (sum(counted.tiles) > 0) == (route == "backward"), (setting, counted.tiles)
 
 
 def check_logits_free_under_cp() -> None:

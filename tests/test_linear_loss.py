@@ -72,6 +72,14 @@ def test_logits_free_under_tensor_sequence_and_context_parallelism(gloo):
             ValueError,
             "keeps no logits",
         ),
+        (
+            torch.randn(5, 2, 4),
+            torch.randn(64, 4),
+            LABELS,
+            {"weight_gradient": "sideways"},
+            ValueError,
+            r"weight_gradient must be one of \('auto', 'forward', 'backward'\)",
+        ),
     ],
 )
 def test_bad_input_is_refused(hidden, weight, labels, kwargs, error, match):
@@ -88,3 +96,34 @@ def test_default_chunk_holds_no_more_than_256_mib_of_logits_nor_an_eighth_of_the
     assert default_chunk_tokens(PADDED_VOCAB_SIZE, 10**6) * PADDED_VOCAB_SIZE * 4 <= 256 * 2**20
     assert default_chunk_tokens(2**40, 10**6) == 1
     assert default_chunk_tokens(64, 5) == 1
+
+
+def test_default_tile_holds_no_more_than_256_mib_of_logits_nor_an_eighth_of_the_shard():
+    from del_megatron.kernels.linear import default_tile_columns
+
+    assert default_tile_columns(151936, 4096) == 16384  # 256 MiB of fp32 logits
+    assert default_tile_columns(151936 // 2, 4096) == 9496  # TP 2: an eighth of the shard
+    assert default_tile_columns(PADDED_VOCAB_SIZE, 69) == 8
+    assert default_tile_columns(5, 10**9) == 1
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden_size, dtype, route",
+    [
+        (4096, 512, torch.bfloat16, "forward"),  # 6 V h bytes = 3/16 of 4 N V: the bound
+        (4096, 513, torch.bfloat16, "backward"),
+        (4096, 1024, torch.bfloat16, "backward"),
+        (16384, 2048, torch.bfloat16, "forward"),
+        (4096, 1024, torch.float16, "backward"),
+        (4096, 1536, torch.float32, "forward"),  # 4 V h bytes = 3/16 of 8 N V
+        (4096, 1537, torch.float32, "backward"),
+        (4096, 1536, torch.float64, "forward"),
+        (8192, 4096, torch.bfloat16, "backward"),  # a 7B model, micro-batch 1 x 8192
+    ],
+)
+def test_auto_weight_gradient_route_keeps_the_accumulator_small(tokens, hidden_size, dtype, route):
+    from del_megatron.kernels.linear import resolve_weight_gradient
+
+    assert resolve_weight_gradient("auto", tokens, hidden_size, dtype) == route
+    for forced in ("forward", "backward"):
+        assert resolve_weight_gradient(forced, tokens, hidden_size, dtype) == forced

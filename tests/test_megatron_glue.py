@@ -110,6 +110,22 @@ def test_flags_defaults_and_explicit_ids():
     )
 
 
+def test_logits_free_flag_takes_an_optional_weight_gradient_route():
+    from del_megatron.megatron.logits_free import weight_gradient_of
+
+    assert parse([]).del_logits_free is False
+    assert parse(["--del-logits-free"]).del_logits_free == "auto"
+    for route in ("auto", "forward", "backward"):
+        assert parse(["--del-logits-free", route]).del_logits_free == route
+        assert weight_gradient_of(route) == route
+    assert parse(["--del-logits-free", "--numerical-loss", "del"]).numerical_loss == "del"
+    with pytest.raises(SystemExit):
+        parse(["--del-logits-free", "sideways"])
+    assert (weight_gradient_of(False), weight_gradient_of(True)) == (None, "auto")
+    with pytest.raises(ValueError, match="logits_free must be True, False or a weight-gradient"):
+        weight_gradient_of("sideways")
+
+
 def test_flags_chain_with_another_provider():
     def other(parser):
         parser.add_argument("--other-flag", type=int, default=3)

@@ -14,8 +14,9 @@ called as Kernel.apply(*inputs, target, plan); digit_cross_entropy below picks a
 | recompute | the caller's logits + two [N] vectors     | off CUDA, otherwise                   |
 | compiled  | as recompute; passes torch.compile'd      | on CUDA                               |
 | linear    | hidden, weight + two [N] vectors; with    | numerical_linear_loss (its only one); |
-|           | ce_weights grad_hidden [N, h] and an fp32 | its passes as "compiled" on CUDA, as  |
-|           | grad_weight [V/tp, h] formed in forward   | "recompute" elsewhere                 |
+|           | ce_weights grad_hidden [N, h] and, on the | its passes as "compiled" on CUDA, as  |
+|           | "forward" route, an fp32 grad_weight      | "recompute" elsewhere                 |
+|           | [V/tp, h], formed in forward              |                                       |
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def digit_cross_entropy(
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
     ce_weights: Optional[torch.Tensor] = None,
+    weight_gradient: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] and digit logits [N, 10] for targets [N] (int64).
 
@@ -115,21 +117,30 @@ def digit_cross_entropy(
     (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits
     and at most an eighth of the rows; "softmax" always takes all rows). ce_weights [N] (linear
     kernel only): the weights the caller reduces ce by, up to a scalar; forward then forms the
-    gradients and backward scales them (LinearDigitCrossEntropy).
+    gradients and backward scales them (LinearDigitCrossEntropy). weight_gradient (linear
+    kernel only): "forward", "backward" or "auto", where the weight gradient is formed
+    (kernels/linear.py).
     """
+    n = inputs[0].size(0)
     if len(inputs) == 2:
         kernel = _linear_kernel(kernel, inplace)
         local_vocab = inputs[1].size(0)
+        hidden_size, dtype = inputs[0].size(-1), inputs[0].dtype
+        route = linear.resolve_weight_gradient(weight_gradient, n, hidden_size, dtype)
     else:
         kernel = resolve_kernel(kernel, inputs[0], inplace)
-        local_vocab = inputs[0].size(-1)
-        if ce_weights is not None:
-            raise ValueError("ce_weights applies to the linear kernel (hidden, weight) only")
+        local_vocab, route = inputs[0].size(-1), "forward"
+        if ce_weights is not None or weight_gradient != "auto":
+            raise ValueError(
+                "ce_weights and weight_gradient apply to the linear kernel (hidden, weight) only"
+            )
     shard = VocabShard.of(local_vocab, tp_group)
-    chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, inputs[0].size(0))
+    chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, n)
     vocab.check_vocab_size(shard.full_size)
     digits = DigitColumns.of(vocab, shard)
-    plan = KernelPlan(shard, digits, ignore_index, validate, inplace, chunk_tokens, ce_weights)
+    plan = KernelPlan(
+        shard, digits, ignore_index, validate, inplace, chunk_tokens, ce_weights, route
+    )
     return FUNCTIONS[kernel].apply(*inputs, target, plan)
 
 

@@ -89,6 +89,12 @@ class DigitColumns:
             columns = list(self.columns)
             grad[:, columns] += grad_digits[:, list(self.digits)].to(grad.dtype)
 
+    def within(self, start: int, end: int) -> DigitColumns:
+        """The digits among local columns [start, end), numbered from start (a vocab tile)."""
+        both = zip(self.digits, self.columns, strict=True)
+        pairs = [(k, c - start) for k, c in both if start <= c < end]
+        return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+
 
 class TargetRows(NamedTuple):
     """Per-row target facts, each [N]: not ignored, owned by this shard, local column (0 if not)."""
@@ -111,6 +117,12 @@ class TargetRows(NamedTuple):
     def rows(self, index: slice) -> TargetRows:
         return TargetRows(self.valid[index], self.in_shard[index], self.local_target[index])
 
+    def within(self, start: int, end: int) -> TargetRows:
+        """The same rows seen from local columns [start, end) (a vocab tile): a target counts as
+        in the shard only if it falls in the tile, its column numbered from start."""
+        in_tile = self.in_shard & (self.local_target >= start) & (self.local_target < end)
+        return TargetRows(self.valid, in_tile, torch.where(in_tile, self.local_target - start, 0))
+
     def onehot_column(self) -> torch.Tensor:
         """[N] local target column, -1 where this shard holds no target."""
         return torch.where(self.in_shard, self.local_target, -1)
@@ -130,6 +142,9 @@ class KernelPlan:
     # Linear kernel only: [N] per-row weights the caller reduces ce by (Megatron's loss mask),
     # up to one scalar; None: the gradients are multiplied out again in backward.
     ce_weights: Optional[torch.Tensor] = None
+    # Linear kernel only: where the weight gradient is formed, "forward" (an fp32 accumulator
+    # over token chunks) or "backward" (vocab tile by vocab tile); see kernels/linear.py.
+    weight_gradient: str = "forward"
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

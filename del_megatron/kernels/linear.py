@@ -4,9 +4,19 @@ over tokens, so that the [N, V/tp] logits never exist.
 Each chunk of rows is multiplied out in the input dtype (as the output layer gives its logits),
 reduced to its cross-entropy, digit logits and log normaliser by the recompute kernel's passes
 (a few MiB converted to fp32 at a time, so a bf16 chunk has no fp32 twin), and dropped.
-Backward multiplies each chunk out again (one extra matmul) and turns it, in place, into the
-gradients of hidden and weight; or, given the per-row weights that the caller reduces ce by
-(Megatron's loss mask), forward forms both gradients up to one scalar and backward scales them.
+
+Given the per-row weights that the caller reduces ce by (Megatron's loss mask), forward also
+turns each chunk, in place, into its gradient and forms grad_hidden [N, h] up to one scalar;
+backward scales it. The weight gradient [V/tp, h] is formed on one of two routes:
+- "forward": accumulated over the chunks in forward into an fp32 [V/tp, h] buffer held until
+  backward scales it (3 matmuls in all, the materialised path's count);
+- "backward": formed in backward, vocab tile by vocab tile: each [N, tile] block of logits is
+  multiplied out again, turned into its gradient and multiplied into its rows of grad_weight,
+  written once in the weight's dtype (4 matmuls; nothing [V/tp, h] but the gradient itself).
+"auto" takes "forward" while its buffers are small beside the materialised logits (h <= N/8 in
+bf16, h <= 3N/8 in fp32; resolve_weight_gradient). Without per-row weights (or when the upstream
+gradient is not proportional to them) backward forms both gradients again: by token chunk with
+the fp32 accumulator ("forward"), or by vocab tile with an fp32 [N, h] one ("backward").
 
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
@@ -16,6 +26,7 @@ tensor-parallel group, as Megatron's ColumnParallelLinear does.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
@@ -48,11 +59,39 @@ WEIGHT_SLICE_BYTES = 8 * 2**20
 SCALE_TOLERANCE = 32
 
 
+WEIGHT_GRADIENTS = ("auto", "forward", "backward")
+
+
+def _slab(extent: int, across: int) -> int:
+    """How much of `extent` one piece takes: LINEAR_CHUNK_BYTES of fp32 [piece, across] at most,
+    and no more than 1/LINEAR_MIN_CHUNKS of extent."""
+    return max(1, min(rows_per_chunk(across, LINEAR_CHUNK_BYTES), -(-extent // LINEAR_MIN_CHUNKS)))
+
+
 def default_chunk_tokens(local_vocab: int, tokens: int) -> int:
     """Rows of a chunk when the caller gives no chunk size, for `tokens` rows in all."""
-    return max(
-        1, min(rows_per_chunk(local_vocab, LINEAR_CHUNK_BYTES), -(-tokens // LINEAR_MIN_CHUNKS))
-    )
+    return _slab(tokens, local_vocab)
+
+
+def default_tile_columns(local_vocab: int, tokens: int) -> int:
+    """Columns of a vocab tile of the "backward" route, for `tokens` rows: the same bounds."""
+    return _slab(local_vocab, tokens)
+
+
+def resolve_weight_gradient(requested: str, tokens: int, hidden_size: int, dtype) -> str:
+    """The route `requested` names. "auto": "forward" while the [V/tp, h] buffers it adds (the
+    fp32 accumulator and, below fp32, the gradient's copy in `dtype`) are within 3/16 of the
+    materialised path's [N, V/tp] logits and gradient in `dtype`, so that with one chunk (1/16
+    of them) beside they stay within a quarter; else "backward" (one matmul more)."""
+    if requested not in WEIGHT_GRADIENTS:
+        raise ValueError(f"weight_gradient must be one of {WEIGHT_GRADIENTS}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    size = torch.empty((), dtype=dtype).element_size()
+    accumulator = 8 if dtype == torch.float64 else 4
+    held = hidden_size * (accumulator + (size if size < 4 else 0))
+    materialised = 2 * tokens * size
+    return "forward" if 16 * held <= 3 * materialised else "backward"
 
 
 # None: the passes over a chunk are torch.compile'd on CUDA and eager elsewhere; True/False
@@ -61,37 +100,46 @@ COMPILED_PASSES: Optional[bool] = None
 
 
 def chunk_passes(
-    hidden: torch.Tensor, weight: torch.Tensor, chunk_rows: int
+    hidden: torch.Tensor, columns: int, chunk_rows: int
 ) -> Tuple[Callable, Callable, int]:
-    """The recompute kernel's two passes for a chunk and the rows each takes at once: compiled,
-    one fused kernel over the whole chunk (no fp32 copy of it; on CUDA a few MiB a launch would
-    cost more than the matmul), or eager over 8 MiB of fp32 at a time (cache-sized on a CPU)."""
+    """The recompute kernel's two passes for a [chunk_rows, columns] block and the rows each
+    takes at once: compiled, one fused kernel over the whole block (no fp32 copy of it; on CUDA
+    a few MiB a launch would cost more than the matmul), or eager over 8 MiB of fp32 at a time
+    (cache-sized on a CPU)."""
     compiled = hidden.is_cuda if COMPILED_PASSES is None else COMPILED_PASSES
     if compiled:
         return (*recompute.passes(compiled=True), chunk_rows)
-    return (*recompute.passes(compiled=False), recompute.default_chunk_tokens(weight.size(0)))
+    return (*recompute.passes(compiled=False), recompute.default_chunk_tokens(columns))
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """[c, h] x [V/tp, h] -> [c, V/tp] in the input dtype, as the materialised output layer gives
-    them; the passes over them convert a few MiB at a time to the compute dtype."""
+    """A token chunk: [c, h] x [V/tp, h] -> [c, V/tp] in the input dtype, as the materialised
+    output layer gives them; the passes over them convert a few MiB at a time to fp32."""
     return torch.matmul(hidden, weight.t())
+
+
+def _tile_logits(hidden: torch.Tensor, weight_tile: torch.Tensor) -> torch.Tensor:
+    """A vocab tile: [N, h] x [t, h] -> [N, t] in the input dtype."""
+    return torch.matmul(hidden, weight_tile.t())
 
 
 class LinearDigitCrossEntropy(torch.autograd.Function):
     """(hidden [N, h], weight [V/tp, h], target [N], plan) -> (ce [N], digit_logits [N, 10]).
 
     Keeps nothing [N, V/tp]; plan.inplace must be False (there are no logits to overwrite).
+    plan.weight_gradient ("forward" or "backward") is the route of the weight gradient (module
+    docstring).
 
-    plan.ce_weights None: saves hidden, weight and two [N] vectors; backward multiplies every
-    chunk out again (4 matmuls in all, the materialised path's 3 plus one).
+    plan.ce_weights None: saves hidden, weight and two [N] vectors; backward multiplies the
+    logits out again (4 matmuls in all, the materialised path's 3 plus one).
 
     plan.ce_weights w [N]: forward also forms each chunk's unscaled gradient
-    (softmax - onehot) * w and multiplies it into grad_hidden [N, h] and an fp32 grad_weight
-    accumulator [V/tp, h] (3 matmuls in all). When the upstream gradient of ce is c * w for one
-    scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale), backward only scales
-    them by c and adds the digit logits' gradient ([N, 10], through ten columns). Any other
-    upstream gradient (or a second backward) takes the recompute route: exact either way.
+    (softmax - onehot) * w and multiplies it into grad_hidden [N, h] (and, "forward", into an
+    fp32 grad_weight accumulator [V/tp, h]). When the upstream gradient of ce is c * w for one
+    scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale), backward scales them by
+    c and adds the digit logits' gradient ([N, 10], through ten columns); "backward" forms the
+    weight gradient by vocab tile. Any other upstream gradient (or a second backward) takes the
+    recompute route: exact either way.
     """
 
     @staticmethod
@@ -107,7 +155,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         log_sum_exp = torch.empty_like(shift)
         early = None if plan.ce_weights is None else _EarlyGradients.new(hidden, weight, plan)
         step = plan.chunk_tokens
-        first_pass, second_pass, sub_step = chunk_passes(hidden, weight, step)
+        first_pass, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
         for start in range(0, n, step):
             part = slice(start, start + step)
             logits, chunk_rows = _chunk_logits(hidden[part], weight), rows.rows(part)
@@ -132,7 +180,11 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                     logits, hidden[part], weight, early.grad_hidden[part], early.grad_weight
                 )
             del logits
-        ctx.save_for_backward(hidden, weight, shift, log_sum_exp, *rows)
+        # What backward's recomputed logits take the target and digit columns' gradient from.
+        target_prob, forward_digits = torch.exp(-ce), digit_logits.clone()
+        ctx.save_for_backward(
+            hidden, weight, shift, log_sum_exp, target_prob, forward_digits, *rows
+        )
         # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
         # them (a second backward recomputes).
         ctx.plan, ctx.early = plan, early
@@ -141,39 +193,52 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        hidden, weight, shift, log_sum_exp, *saved_rows = ctx.saved_tensors
+        hidden, weight, shift, log_sum_exp, target_prob, forward_digits, *saved_rows = (
+            ctx.saved_tensors
+        )
         plan, rows, early, grads = ctx.plan, TargetRows(*saved_rows), ctx.early, None
+        statistics = _Statistics(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
         ctx.early = None
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
             if scale is not None:
-                grads = early.scaled_(scale, grad_digits, hidden, weight, plan)
+                grads = early.scaled_(scale, grad_digits, hidden, weight, statistics)
             else:
                 warnings.warn(NOT_PROPORTIONAL, stacklevel=2)
             del early
         if grads is None:
-            grads = _recomputed_gradients(
-                hidden, weight, shift, log_sum_exp, rows, plan, grad_ce, grad_digits
-            )
+            recomputed = _recomputed_gradients if plan.weight_gradient == "forward" else _by_tile
+            grads = recomputed(hidden, weight, statistics, grad_ce, grad_digits)
         grad_hidden, grad_weight = grads
         plan.shard.all_reduce(grad_hidden, dist.ReduceOp.SUM)
         return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
+class _Statistics(NamedTuple):
+    """What backward forms the gradient of a block of logits from: the row maxima (shift) [N],
+    the log-sum-exp of the logits minus them [N], the target rows, the plan, and the target
+    probability [N] and digit logits [N, 10] as forward formed them (recompute.gradient_into's
+    forward_values)."""
+
+    shift: torch.Tensor
+    log_sum_exp: torch.Tensor
+    rows: TargetRows
+    plan: KernelPlan
+    forward_values: Tuple[torch.Tensor, torch.Tensor]
+
+
 def _recomputed_gradients(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    shift: torch.Tensor,
-    log_sum_exp: torch.Tensor,
-    rows: TargetRows,
-    plan: KernelPlan,
+    statistics: _Statistics,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
     (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype."""
+    shift, log_sum_exp, rows, plan, (target_prob, forward_digits) = statistics
     step = plan.chunk_tokens
-    _, second_pass, sub_step = chunk_passes(hidden, weight, step)
+    _, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
     grad_hidden = torch.empty_like(hidden)
     grad_weight = torch.zeros(weight.shape, dtype=shift.dtype, device=weight.device)
     for start in range(0, hidden.size(0), step):
@@ -192,10 +257,65 @@ def _recomputed_gradients(
             sub_step,
             None if grad_ce is None else grad_ce[part],
             None if grad_digits is None else grad_digits[part],
+            (target_prob[part], forward_digits[part]),
         )
         _add_chunk_gradients_(logits, hidden[part], weight, grad_hidden[part], grad_weight)
         del logits
     return grad_hidden, grad_weight
+
+
+def _by_tile(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    statistics: _Statistics,
+    grad_ce: Optional[torch.Tensor],
+    grad_digits: Optional[torch.Tensor],
+    with_hidden: bool = True,
+) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """The "backward" route: each vocab tile of the logits [N, t] multiplied out again, turned
+    in place into its gradient and multiplied into its rows of grad_weight [V/tp, h] (the
+    weight's dtype, written once: one matmul over all N rows, as the materialised output layer
+    forms it) and, with_hidden, into this rank's share of grad_hidden [N, h] (summed over the
+    tiles in the compute dtype; over the group by the caller). None when not with_hidden."""
+    shift, log_sum_exp, rows, plan, forward_values = statistics
+    n, local_vocab = hidden.size(0), weight.size(0)
+    tile = default_tile_columns(local_vocab, n)
+    _, second_pass, sub_step = chunk_passes(hidden, tile, n)
+    grad_weight = torch.empty_like(weight)
+    grad_hidden = None
+    if with_hidden:
+        grad_hidden = torch.zeros(hidden.shape, dtype=shift.dtype, device=hidden.device)
+    for start in range(0, local_vocab, tile):
+        end = min(start + tile, local_vocab)
+        logits = _tile_logits(hidden, weight[start:end])
+        tile_plan = replace(plan, digits=plan.digits.within(start, end))
+        recompute.gradient_into(
+            logits,
+            logits,
+            shift,
+            log_sum_exp,
+            rows.within(start, end),
+            tile_plan,
+            second_pass,
+            sub_step,
+            grad_ce,
+            grad_digits,
+            forward_values,
+        )
+        torch.matmul(logits.t(), hidden, out=grad_weight[start:end])
+        if grad_hidden is not None:
+            _add_product_(grad_hidden, logits, weight[start:end])
+        del logits
+    return (None if grad_hidden is None else grad_hidden.to(hidden.dtype)), grad_weight
+
+
+def _add_product_(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """accumulator [N, h] += a [N, t] @ b [t, h]; in another dtype the product is formed whole
+    first ([N, h], small beside a)."""
+    if a.dtype == accumulator.dtype:
+        accumulator.addmm_(a, b)
+    else:
+        accumulator.add_(torch.matmul(a, b))
 
 
 def _add_chunk_gradients_(
@@ -203,12 +323,14 @@ def _add_chunk_gradients_(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     grad_hidden: torch.Tensor,
-    grad_weight: torch.Tensor,
+    grad_weight: Optional[torch.Tensor],
 ) -> None:
     """A chunk's gradient of the logits grad [c, V/tp] (the hidden's dtype) into its rows of
-    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added)."""
+    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added; None:
+    the weight gradient takes the "backward" route)."""
     torch.matmul(grad, weight, out=grad_hidden)
-    _add_weight_gradient_(grad_weight, grad, hidden)
+    if grad_weight is not None:
+        _add_weight_gradient_(grad_weight, grad, hidden)
 
 
 def _add_weight_gradient_(
@@ -229,20 +351,20 @@ def _add_weight_gradient_(
 class _EarlyGradients(NamedTuple):
     """The gradients formed in forward for upstream gradient ce_weights: ce_weights [N] (as the
     caller gave them; ignored rows count as 0), grad_hidden [N, h] (this rank's share, the
-    hidden's dtype) and grad_weight [V/tp, h] (fp32/fp64, the accumulator)."""
+    hidden's dtype) and grad_weight [V/tp, h] (fp32/fp64, the accumulator; None on the
+    "backward" route)."""
 
     ce_weights: torch.Tensor
     grad_hidden: torch.Tensor
-    grad_weight: torch.Tensor
+    grad_weight: Optional[torch.Tensor]
 
     @classmethod
     def new(cls, hidden: torch.Tensor, weight: torch.Tensor, plan: KernelPlan) -> _EarlyGradients:
         dtype = compute_dtype(hidden)
-        return cls(
-            plan.ce_weights.to(dtype),
-            torch.empty_like(hidden),
-            torch.zeros(weight.shape, dtype=dtype, device=weight.device),
-        )
+        grad_weight = None
+        if plan.weight_gradient == "forward":
+            grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+        return cls(plan.ce_weights.to(dtype), torch.empty_like(hidden), grad_weight)
 
     def scale_for(
         self, grad_ce: Optional[torch.Tensor], rows: TargetRows
@@ -264,17 +386,25 @@ class _EarlyGradients(NamedTuple):
         grad_digits: Optional[torch.Tensor],
         hidden: torch.Tensor,
         weight: torch.Tensor,
-        plan: KernelPlan,
+        statistics: _Statistics,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, 10];
-        scales the accumulator in place (it is spent)."""
-        grad_weight = self.grad_weight.mul_(scale)
+        scales the accumulator in place (it is spent), or forms grad_weight by vocab tile."""
         grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
-        if grad_digits is not None and plan.digits.columns:
-            columns = list(plan.digits.columns)
-            digit_grad = grad_digits[:, list(plan.digits.digits)].to(hidden.dtype)
+        grad_weight = self.grad_weight
+        if grad_weight is None:
+            _, grad_weight = _by_tile(
+                hidden, weight, statistics, self.ce_weights * scale, grad_digits, False
+            )
+        else:
+            grad_weight.mul_(scale)
+        digits = statistics.plan.digits
+        if grad_digits is not None and digits.columns:
+            columns = list(digits.columns)
+            digit_grad = grad_digits[:, list(digits.digits)].to(hidden.dtype)
             grad_hidden.add_(torch.matmul(digit_grad, weight[columns]))
-            grad_weight[columns] += torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
+            if self.grad_weight is not None:
+                grad_weight[columns] += torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
         return grad_hidden, grad_weight
 
 

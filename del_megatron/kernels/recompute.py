@@ -118,17 +118,27 @@ def gradient_into(
     step: int,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
+    forward_values: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
     """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
     upstream gradients of ce [n] and of the digit logits [n, 10] (None: zero). Written into
-    `grad` (which may be `logits` itself); grad None: a new buffer. Returns it."""
+    `grad` (which may be `logits` itself); grad None: a new buffer. Returns it.
+
+    forward_values (target probability exp(-ce) [n], digit logits [n, 10]), as forward formed
+    them: the target and digit columns take their gradient from these, not from `logits`, when
+    `logits` were multiplied out again by another matmul (a vocab tile's may differ from
+    forward's in the last bits, and a saturated target's gradient p - 1 is all rounding)."""
     scale = torch.zeros_like(shift) if grad_ce is None else torch.where(rows.valid, grad_ce, 0.0)
     scale = scale.to(shift.dtype)
     onehot_column = rows.onehot_column()
     n = logits.size(0)
     digits, columns = list(plan.digits.digits), list(plan.digits.columns)
     # Digit logits are read before an in-place gradient overwrites them.
-    digit_logits = logits[:, columns].to(shift.dtype) if columns else None
+    digit_logits = None
+    if columns and forward_values is not None:
+        digit_logits = forward_values[1][:, digits].to(shift.dtype)
+    elif columns:
+        digit_logits = logits[:, columns].to(shift.dtype)
     if grad is None and step >= n:
         grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
     else:
@@ -138,6 +148,8 @@ def gradient_into(
             grad[part] = second_pass(
                 logits[part], shift[part], log_sum_exp[part], scale[part], onehot_column[part]
             )
+    if forward_values is not None:
+        _set_target_gradient_(grad, forward_values[0], scale, onehot_column)
     if columns:
         # The digit columns get their whole gradient in the compute dtype, rounded once.
         probs = torch.exp(digit_logits - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
@@ -147,6 +159,18 @@ def gradient_into(
             digit_grad += grad_digits[:, digits].to(digit_grad.dtype)
         grad[:, columns] = digit_grad.to(grad.dtype)
     return grad
+
+
+def _set_target_gradient_(
+    grad: torch.Tensor, target_prob: torch.Tensor, scale: torch.Tensor, onehot_column: torch.Tensor
+) -> None:
+    """grad [n, V/tp] at each row's target column (where this block holds it) becomes
+    (target_prob - 1) * scale, rounded once to grad's dtype."""
+    column = onehot_column.clamp(min=0).unsqueeze(-1)
+    exact = ((target_prob - 1) * scale).to(grad.dtype).unsqueeze(-1)
+    grad.scatter_(
+        -1, column, torch.where(onehot_column.unsqueeze(-1) >= 0, exact, grad.gather(-1, column))
+    )
 
 
 def _forward(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Optional
 
+from ..kernels.linear import WEIGHT_GRADIENTS
 from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
 from ..vocab import DigitVocab
 from .hook import config_fields
@@ -46,10 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-logits-free",
-        action="store_true",
+        nargs="?",
+        const="auto",
+        default=False,
+        choices=WEIGHT_GRADIENTS,
+        metavar="WEIGHT_GRADIENT",
         help="compute the loss from the output layer's input, chunked over tokens, so that the "
         "[s, b, V/tp] logits never exist in training (megatron-core >= 0.18; the same loss; "
-        "with --numerical-loss ce, a logits-free cross-entropy)",
+        "with --numerical-loss ce, a logits-free cross-entropy). Optional value: where the "
+        "output weight's gradient is formed, 'forward' (an fp32 [V/tp, h] accumulator, as many "
+        "matmuls as the materialised path), 'backward' (by vocab tile, one matmul more, no "
+        "accumulator) or 'auto' (the default: 'forward' while h <= tokens/8 in bf16)",
     )
     group.add_argument(
         "--del-allow-multi-digit-tokens",

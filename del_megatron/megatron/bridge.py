@@ -25,7 +25,7 @@ DEL checkpoint exactly as a cross-entropy one.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch.distributed as dist
 
@@ -99,7 +99,7 @@ def enable_numerical_loss(
     reduction: str = "token",
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
-    logits_free: bool = False,
+    logits_free: Union[bool, str] = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a Bridge model provider instance, a Bridge ModelConfig or
     a recipe's ConfigContainer, and register the loss hook. Returns the NumericalLossConfig.
@@ -114,7 +114,9 @@ def enable_numerical_loss(
     counts each step's digit targets (over all micro-batches and data-parallel ranks) on the
     first batch of the step. loss="ce" records the settings (the A/B baseline with the same
     telemetry) and computes plain cross-entropy. logits_free=True computes the same loss from
-    the output layer's input, without the [s, b, V/tp] logits (megatron-core >= 0.18).
+    the output layer's input, without the [s, b, V/tp] logits (megatron-core >= 0.18); a route
+    name ("auto", "forward", "backward") also picks where the weight gradient is formed
+    (numerical_linear_loss's weight_gradient; True is "auto").
     """
     config = model_config_of(target)
     if vocab is None:

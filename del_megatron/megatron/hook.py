@@ -17,11 +17,12 @@ import functools
 import importlib
 import inspect
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
 
+from ..kernels.linear import resolve_weight_gradient
 from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
 from ..vocab import DigitVocab
 from . import logits_free as lf
@@ -295,8 +296,17 @@ def _wants_logits_free(module) -> bool:
     registration = state.current()
     if registration is None or _resolve_cfg(module) is None:
         return False
-    config = getattr(module, "config", None)
-    return registration.logits_free or bool(getattr(config, lf.FIELD_LOGITS_FREE, False))
+    return _weight_gradient(module, registration) is not None
+
+
+def _weight_gradient(module, registration: Registration) -> Optional[str]:
+    """The route the registration's or the model config's logits-free setting asks for (the
+    registration's first), None when neither asks for the logits-free loss."""
+    route = lf.weight_gradient_of(registration.logits_free)
+    if route is None:
+        config = getattr(module, "config", None)
+        route = lf.weight_gradient_of(getattr(config, lf.FIELD_LOGITS_FREE, False))
+    return route
 
 
 def _logits_free_loss(
@@ -321,6 +331,14 @@ def _logits_free_loss(
     tp_group = _model_tp_group(module)
     tp_group = tp_group if dist.get_world_size(tp_group) > 1 else None
     sequence_parallel = getattr(output_layer, "sequence_parallel", False) and tp_group is not None
+    asked = _weight_gradient(module, state.current())
+    route = resolve_weight_gradient(asked, labels.numel(), hidden_states.size(-1), weight.dtype)
+    state.log_once(
+        "logits_free",
+        "del_megatron: logits-free loss; the output weight's gradient is formed in %s (%s)",
+        route,
+        "by token chunk, fp32 accumulator" if route == "forward" else "by vocab tile",
+    )
     parts = numerical_linear_loss(
         hidden_states,
         weight,
@@ -332,6 +350,7 @@ def _logits_free_loss(
         cu_seqlens=_cu_seqlens(),
         sequence_parallel=sequence_parallel,
         loss_mask=loss_mask,
+        weight_gradient=route,
     )
     return _token_loss(parts, cfg)
 
@@ -340,7 +359,7 @@ def register(
     cfg: Optional[NumericalLossConfig] = None,
     *,
     step_accounting: Optional[Callable[[Any], Any]] = None,
-    logits_free: bool = False,
+    logits_free: Union[bool, str] = False,
 ) -> None:
     """Route every LanguageModule's loss through del_megatron. Calling it again replaces the
     settings (and forgets what the previous registration kept).
@@ -350,12 +369,14 @@ def register(
     DigitAccounting, called on the first training step (lm.counted) for a step-wide "digit"
     reduction; the process groups it needs exist by then. logits_free: GPTModel computes the
     loss of calls with labels from the output layer's input, never forming the logits (needs
-    megatron-core >= 0.18; refused here otherwise); a model config can ask for it with the
-    field del_logits_free instead.
+    megatron-core >= 0.18; refused here otherwise); a route name ("auto", "forward",
+    "backward") also picks where the weight gradient is formed (numerical_linear_loss's
+    weight_gradient; True is "auto"). A model config can ask for it with the field
+    del_logits_free instead.
     """
     if cfg is not None and not isinstance(cfg, NumericalLossConfig):
         raise TypeError(f"cfg must be a NumericalLossConfig or None, got {type(cfg).__name__}")
-    if logits_free:
+    if lf.weight_gradient_of(logits_free) is not None:
         lf.check_core_supports()
     module = _language_module()
     if not hasattr(module, _MARKER):

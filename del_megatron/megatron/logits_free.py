@@ -7,15 +7,18 @@ loss hook hands GPTModel.forward an output_processor when labels are given. It r
 layer's matmul and the numerical loss chunked over tokens (numerical_linear_loss), so the
 [s, b, V/tp] logits of the main head never exist. Calls without labels (inference, generation)
 get Megatron's own output layer and logits. MTP heads keep their materialised logits (they go
-through the loss hook, exact either way).
+through the loss hook, exact either way). The setting is True ("auto") or the name of the
+weight gradient's route ("forward", "backward"; kernels/linear.py).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
+
+from ..kernels.linear import WEIGHT_GRADIENTS
 
 MIN_CORE = (0, 18)
 FIELD_LOGITS_FREE = "del_logits_free"
@@ -81,9 +84,25 @@ def check_no_logit_scaling(config: Any) -> None:
         )
 
 
-def set_on_model_config(config: Any, enabled: bool) -> None:
-    """Record the choice on a model config as a plain attribute (Bridge and NeMo serialise
-    dataclass fields only); refuse it on a core without output_processor."""
-    if enabled:
+def weight_gradient_of(setting: Union[bool, str, None]) -> Optional[str]:
+    """The weight-gradient route a logits-free setting asks for: None (off) for False/None,
+    "auto" for True, else the route it names; anything else is refused."""
+    if setting is None or setting is False:
+        return None
+    if setting is True:
+        return "auto"
+    if isinstance(setting, str) and setting in WEIGHT_GRADIENTS:
+        return setting
+    raise ValueError(
+        f"logits_free must be True, False or a weight-gradient route {WEIGHT_GRADIENTS}, "
+        f"got {setting!r}"
+    )
+
+
+def set_on_model_config(config: Any, setting: Union[bool, str]) -> None:
+    """Record the choice (True, False or a route) on a model config as a plain attribute
+    (Bridge and NeMo serialise dataclass fields only); refuse it on a core without
+    output_processor."""
+    if weight_gradient_of(setting) is not None:
         check_core_supports()
-    object.__setattr__(config, FIELD_LOGITS_FREE, enabled)
+    object.__setattr__(config, FIELD_LOGITS_FREE, setting)

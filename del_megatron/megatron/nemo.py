@@ -21,7 +21,7 @@ all-reduce), keeps it as `last_telemetry` and logs it through `log` (the Lightni
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
@@ -109,7 +109,7 @@ def enable_numerical_loss(
     reduction: str = "token",
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
-    logits_free: bool = False,
+    logits_free: Union[bool, str] = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a NeMo 2 `llm.GPTModel` (or any LightningModule with a
     TransformerConfig `config` and NeMo's `training_loss_reduction` / `validation_loss_reduction`
@@ -121,7 +121,8 @@ def enable_numerical_loss(
     The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
     normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
     and Megatron-LM's. logits_free=True computes the same loss from the output layer's input,
-    without the [s, b, V/tp] logits (megatron-core >= 0.18)."""
+    without the [s, b, V/tp] logits (megatron-core >= 0.18); a route name ("auto", "forward",
+    "backward") also picks where the weight gradient is formed (True is "auto")."""
     if vocab is None:
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece

@@ -12,7 +12,7 @@ import logging
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, Optional, Set, Tuple, Union
 
 import torch.distributed as dist
 
@@ -33,11 +33,12 @@ class Registration:
     """cfg: the loss for every model (None: each model's config fields say).
     make_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on the
     first training step (None: the "digit" reduction is per micro-batch, or not used).
-    logits_free: GPTModel computes the loss from the output layer's input (logits_free.py)."""
+    logits_free: GPTModel computes the loss from the output layer's input (logits_free.py):
+    True, or the weight gradient's route ("auto", "forward", "backward")."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
-    logits_free: bool = False
+    logits_free: Union[bool, str] = False
     accounting: Optional[DigitAccounting] = None
     records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)
