@@ -165,12 +165,11 @@ def _set_target_gradient_(
     grad: torch.Tensor, target_prob: torch.Tensor, scale: torch.Tensor, onehot_column: torch.Tensor
 ) -> None:
     """grad [n, V/tp] at each row's target column (where this block holds it) becomes
-    (target_prob - 1) * scale, rounded once to grad's dtype."""
-    column = onehot_column.clamp(min=0).unsqueeze(-1)
-    exact = ((target_prob - 1) * scale).to(grad.dtype).unsqueeze(-1)
-    grad.scatter_(
-        -1, column, torch.where(onehot_column.unsqueeze(-1) >= 0, exact, grad.gather(-1, column))
-    )
+    (target_prob - 1) * scale, rounded once to grad's dtype. (index_put_: a CPU scatter_ makes
+    two copies of grad.)"""
+    index = (torch.arange(grad.size(0), device=grad.device), onehot_column.clamp(min=0))
+    exact = ((target_prob - 1) * scale).to(grad.dtype)
+    grad.index_put_(index, torch.where(onehot_column >= 0, exact, grad[index]))
 
 
 def _forward(
