@@ -5,18 +5,18 @@ Each chunk of rows is multiplied out in the input dtype (as the output layer giv
 reduced to its cross-entropy, digit logits and log normaliser by the recompute kernel's passes
 (a few MiB converted to fp32 at a time, so a bf16 chunk has no fp32 twin), and dropped.
 
-Given the per-row weights that the caller reduces ce by (Megatron's loss mask), forward also
-turns each chunk, in place, into its gradient and forms grad_hidden [N, h] up to one scalar;
-backward scales it. The weight gradient [V/tp, h] is formed on one of two routes:
-- "forward": accumulated over the chunks in forward into an fp32 [V/tp, h] buffer held until
-  backward scales it (3 matmuls in all, the materialised path's count);
-- "backward": formed in backward, vocab tile by vocab tile: each [N, tile] block of logits is
-  multiplied out again, turned into its gradient and multiplied into its rows of grad_weight,
-  written once in the weight's dtype (4 matmuls; nothing [V/tp, h] but the gradient itself).
+The gradients take one of two routes (plan.weight_gradient):
+- "forward": given the per-row weights the caller reduces ce by (Megatron's loss mask), forward
+  also turns each chunk, in place, into its gradient and multiplies it into grad_hidden [N, h]
+  and into an fp32 grad_weight accumulator [V/tp, h] held until backward, which only scales
+  them (3 matmuls in all, the materialised path's count). Without those weights (or when the
+  upstream gradient is not proportional to them) backward multiplies each chunk out again.
+- "backward": backward multiplies the logits out again one vocab tile [N, t] at a time, turns
+  each into its gradient and multiplies it into its rows of grad_weight (written once, in the
+  weight's dtype) and into an fp32 grad_hidden [N, h] (4 matmuls; nothing [V/tp, h] but the
+  gradient itself; any upstream gradient).
 "auto" takes "forward" while its buffers are small beside the materialised logits (h <= N/8 in
-bf16, h <= 3N/8 in fp32; resolve_weight_gradient). Without per-row weights (or when the upstream
-gradient is not proportional to them) backward forms both gradients again: by token chunk with
-the fp32 accumulator ("forward"), or by vocab tile with an fp32 [N, h] one ("backward").
+bf16, h <= 3N/8 in fp32; resolve_weight_gradient).
 
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
@@ -130,16 +130,16 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
     plan.weight_gradient ("forward" or "backward") is the route of the weight gradient (module
     docstring).
 
-    plan.ce_weights None: saves hidden, weight and two [N] vectors; backward multiplies the
-    logits out again (4 matmuls in all, the materialised path's 3 plus one).
+    Saves hidden, weight and a few [N] vectors; backward multiplies the logits out again, by
+    token chunk ("forward") or by vocab tile ("backward"): 4 matmuls in all, the materialised
+    path's 3 plus one.
 
-    plan.ce_weights w [N]: forward also forms each chunk's unscaled gradient
-    (softmax - onehot) * w and multiplies it into grad_hidden [N, h] (and, "forward", into an
-    fp32 grad_weight accumulator [V/tp, h]). When the upstream gradient of ce is c * w for one
+    "forward" with plan.ce_weights w [N]: forward also forms each chunk's unscaled gradient
+    (softmax - onehot) * w and multiplies it into grad_hidden [N, h] and an fp32 grad_weight
+    accumulator [V/tp, h] (3 matmuls in all). When the upstream gradient of ce is c * w for one
     scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale), backward scales them by
-    c and adds the digit logits' gradient ([N, 10], through ten columns); "backward" forms the
-    weight gradient by vocab tile. Any other upstream gradient (or a second backward) takes the
-    recompute route: exact either way.
+    c and adds the digit logits' gradient ([N, 10], through ten columns). Any other upstream
+    gradient (or a second backward) takes the recompute route: exact either way.
     """
 
     @staticmethod
@@ -153,7 +153,9 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
-        early = None if plan.ce_weights is None else _EarlyGradients.new(hidden, weight, plan)
+        early = None
+        if plan.ce_weights is not None and plan.weight_gradient == "forward":
+            early = _EarlyGradients.new(hidden, weight, plan)
         step = plan.chunk_tokens
         first_pass, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
         for start in range(0, n, step):
@@ -202,7 +204,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
             if scale is not None:
-                grads = early.scaled_(scale, grad_digits, hidden, weight, statistics)
+                grads = early.scaled_(scale, grad_digits, hidden, weight, plan)
             else:
                 warnings.warn(NOT_PROPORTIONAL, stacklevel=2)
             del early
@@ -270,21 +272,18 @@ def _by_tile(
     statistics: _Statistics,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
-    with_hidden: bool = True,
-) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """The "backward" route: each vocab tile of the logits [N, t] multiplied out again, turned
     in place into its gradient and multiplied into its rows of grad_weight [V/tp, h] (the
     weight's dtype, written once: one matmul over all N rows, as the materialised output layer
-    forms it) and, with_hidden, into this rank's share of grad_hidden [N, h] (summed over the
-    tiles in the compute dtype; over the group by the caller). None when not with_hidden."""
+    forms it) and into this rank's share of grad_hidden [N, h] (summed over the tiles in the
+    compute dtype; over the group by the caller)."""
     shift, log_sum_exp, rows, plan, forward_values = statistics
     n, local_vocab = hidden.size(0), weight.size(0)
     tile = default_tile_columns(local_vocab, n)
     _, second_pass, sub_step = chunk_passes(hidden, tile, n)
     grad_weight = torch.empty_like(weight)
-    grad_hidden = None
-    if with_hidden:
-        grad_hidden = torch.zeros(hidden.shape, dtype=shift.dtype, device=hidden.device)
+    grad_hidden = torch.zeros(hidden.shape, dtype=shift.dtype, device=hidden.device)
     for start in range(0, local_vocab, tile):
         end = min(start + tile, local_vocab)
         logits = _tile_logits(hidden, weight[start:end])
@@ -303,10 +302,9 @@ def _by_tile(
             forward_values,
         )
         torch.matmul(logits.t(), hidden, out=grad_weight[start:end])
-        if grad_hidden is not None:
-            _add_product_(grad_hidden, logits, weight[start:end])
+        _add_product_(grad_hidden, logits, weight[start:end])
         del logits
-    return (None if grad_hidden is None else grad_hidden.to(hidden.dtype)), grad_weight
+    return grad_hidden.to(hidden.dtype), grad_weight
 
 
 def _add_product_(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -351,20 +349,20 @@ def _add_weight_gradient_(
 class _EarlyGradients(NamedTuple):
     """The gradients formed in forward for upstream gradient ce_weights: ce_weights [N] (as the
     caller gave them; ignored rows count as 0), grad_hidden [N, h] (this rank's share, the
-    hidden's dtype) and grad_weight [V/tp, h] (fp32/fp64, the accumulator; None on the
-    "backward" route)."""
+    hidden's dtype) and grad_weight [V/tp, h] (fp32/fp64, the accumulator)."""
 
     ce_weights: torch.Tensor
     grad_hidden: torch.Tensor
-    grad_weight: Optional[torch.Tensor]
+    grad_weight: torch.Tensor
 
     @classmethod
     def new(cls, hidden: torch.Tensor, weight: torch.Tensor, plan: KernelPlan) -> _EarlyGradients:
         dtype = compute_dtype(hidden)
-        grad_weight = None
-        if plan.weight_gradient == "forward":
-            grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
-        return cls(plan.ce_weights.to(dtype), torch.empty_like(hidden), grad_weight)
+        return cls(
+            plan.ce_weights.to(dtype),
+            torch.empty_like(hidden),
+            torch.zeros(weight.shape, dtype=dtype, device=weight.device),
+        )
 
     def scale_for(
         self, grad_ce: Optional[torch.Tensor], rows: TargetRows
@@ -386,25 +384,17 @@ class _EarlyGradients(NamedTuple):
         grad_digits: Optional[torch.Tensor],
         hidden: torch.Tensor,
         weight: torch.Tensor,
-        statistics: _Statistics,
+        plan: KernelPlan,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, 10];
-        scales the accumulator in place (it is spent), or forms grad_weight by vocab tile."""
+        scales the accumulator in place (it is spent)."""
+        grad_weight = self.grad_weight.mul_(scale)
         grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
-        grad_weight = self.grad_weight
-        if grad_weight is None:
-            _, grad_weight = _by_tile(
-                hidden, weight, statistics, self.ce_weights * scale, grad_digits, False
-            )
-        else:
-            grad_weight.mul_(scale)
-        digits = statistics.plan.digits
-        if grad_digits is not None and digits.columns:
-            columns = list(digits.columns)
-            digit_grad = grad_digits[:, list(digits.digits)].to(hidden.dtype)
+        if grad_digits is not None and plan.digits.columns:
+            columns = list(plan.digits.columns)
+            digit_grad = grad_digits[:, list(plan.digits.digits)].to(hidden.dtype)
             grad_hidden.add_(torch.matmul(digit_grad, weight[columns]))
-            if self.grad_weight is not None:
-                grad_weight[columns] += torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
+            grad_weight[columns] += torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
         return grad_hidden, grad_weight
 
 
