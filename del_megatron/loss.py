@@ -336,11 +336,12 @@ def numerical_linear_loss(
     gradients, and backward only scales them. Any other reduction still gets exact gradients
     (backward checks, and multiplies the logits out again).
 
-    weight_gradient: where the weight's gradient is formed. "forward" (with loss_mask): summed
-    over the token chunks into an fp32 [V_local, h] accumulator held until backward, 3 matmuls
-    as the materialised path. "backward": vocab tile by vocab tile in backward, one matmul more
-    and nothing [V_local, h] but the gradient. "auto": "forward" while h <= N/8 (bf16/fp16) or
-    h <= 3N/8 (fp32) for N = s * b tokens, where that accumulator stays small beside the logits.
+    weight_gradient: where the gradients are formed. "forward" (with loss_mask): in forward,
+    the weight's summed over the token chunks into an fp32 [V_local, h] accumulator held until
+    backward, 3 matmuls as the materialised path. "backward": in backward, vocab tile by vocab
+    tile, one matmul more and nothing [V_local, h] but the gradient. "auto": "forward" in fp32
+    (the accumulator is the gradient itself) and in bf16/fp16 while h <= N/8 for N = s * b
+    tokens, where the accumulator and its copy stay small beside the logits.
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.

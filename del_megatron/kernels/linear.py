@@ -15,8 +15,8 @@ The gradients take one of two routes (plan.weight_gradient):
   each into its gradient and multiplies it into its rows of grad_weight (written once, in the
   weight's dtype) and into an fp32 grad_hidden [N, h] (4 matmuls; nothing [V/tp, h] but the
   gradient itself; any upstream gradient).
-"auto" takes "forward" while its buffers are small beside the materialised logits (h <= N/8 in
-bf16, h <= 3N/8 in fp32; resolve_weight_gradient).
+"auto" takes "forward" in fp32 (its accumulator is the gradient itself) and, below fp32, while
+its buffers are small beside the materialised logits (h <= N/8; resolve_weight_gradient).
 
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
@@ -79,17 +79,20 @@ def default_tile_columns(local_vocab: int, tokens: int) -> int:
 
 
 def resolve_weight_gradient(requested: str, tokens: int, hidden_size: int, dtype) -> str:
-    """The route `requested` names. "auto": "forward" while the [V/tp, h] buffers it adds (the
-    fp32 accumulator and, below fp32, the gradient's copy in `dtype`) are within 3/16 of the
-    materialised path's [N, V/tp] logits and gradient in `dtype`, so that with one chunk (1/16
-    of them) beside they stay within a quarter; else "backward" (one matmul more)."""
+    """The route `requested` names. "auto" in fp32/fp64: "forward" (the accumulator is then the
+    gradient itself, which "backward" holds too). Below fp32: "forward" while its accumulator and
+    the gradient's copy in `dtype` ([V/tp, h] each) are within 3/16 of the materialised path's
+    [N, V/tp] logits and gradient in `dtype` (h <= N/8), so that with one chunk (1/16 of them)
+    beside they stay within a quarter; else "backward" (one matmul more)."""
     if requested not in WEIGHT_GRADIENTS:
         raise ValueError(f"weight_gradient must be one of {WEIGHT_GRADIENTS}, got {requested!r}")
     if requested != "auto":
         return requested
     size = torch.empty((), dtype=dtype).element_size()
     accumulator = 8 if dtype == torch.float64 else 4
-    held = hidden_size * (accumulator + (size if size < 4 else 0))
+    if size >= accumulator:
+        return "forward"
+    held = hidden_size * (accumulator + size)
     materialised = 2 * tokens * size
     return "forward" if 16 * held <= 3 * materialised else "backward"
 

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "with --numerical-loss ce, a logits-free cross-entropy). Optional value: where the "
         "output weight's gradient is formed, 'forward' (an fp32 [V/tp, h] accumulator, as many "
         "matmuls as the materialised path), 'backward' (by vocab tile, one matmul more, no "
-        "accumulator) or 'auto' (the default: 'forward' while h <= tokens/8 in bf16)",
+        "accumulator) or 'auto' (the default: 'forward' in fp32, and in bf16 while h <= tokens/8)",
     )
     group.add_argument(
         "--del-allow-multi-digit-tokens",
