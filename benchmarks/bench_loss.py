@@ -443,7 +443,8 @@ def _add_routes(rows, case) -> None:
     for name, asked in LINEAR_ROUTES.items():
         if name in rows:
             dtype, tokens, hidden = DTYPES[case["dtype"]], case["tokens"], case["hidden"]
-            route = resolve_weight_gradient(asked, tokens, hidden, dtype)
+            local = case["vocab"] // case["tp"]
+            route = resolve_weight_gradient(asked, tokens, local, hidden, dtype)
             accumulator = 4 * (case["vocab"] // case["tp"]) * hidden if route == "forward" else 0
             rows[name].update(weight_gradient=route, accumulator_mib=accumulator / 2**20)
 

@@ -332,16 +332,17 @@ def numerical_linear_loss(
     over tp_group here ([s, b, h], small beside the logits) and its gradient comes back sliced.
 
     loss_mask [b, s]: the weights the caller's reduction puts on each token's loss, as Megatron's
-    loss_func does (sum(loss * loss_mask) times one scale). Forward then also forms the
-    gradients, and backward only scales them. Any other reduction still gets exact gradients
-    (backward checks, and multiplies the logits out again).
+    loss_func does (sum(loss * loss_mask) times one scale). On the "forward" weight-gradient
+    route, forward then also forms the gradients, and backward only scales them. Any other
+    reduction still gets exact gradients (backward checks, and multiplies the logits out again).
 
     weight_gradient: where the gradients are formed. "forward" (with loss_mask): in forward,
     the weight's summed over the token chunks into an fp32 [V_local, h] accumulator held until
     backward, 3 matmuls as the materialised path. "backward": in backward, vocab tile by vocab
-    tile, one matmul more and nothing [V_local, h] but the gradient. "auto": "forward" in fp32
-    (the accumulator is the gradient itself) and in bf16/fp16 while h <= N/8 for N = s * b
-    tokens, where the accumulator and its copy stay small beside the logits.
+    tile, one matmul more, nothing [V_local, h] but the gradient and an fp32 [N, h] for
+    grad_hidden. "auto": "forward" in fp32 (the accumulator is the gradient itself); in
+    bf16/fp16 while h <= N/8 for N = s * b tokens (the accumulator and its copy stay small beside
+    the logits) or V_local <= 1.5 N (the backward route's buffers would be larger).
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.

@@ -559,8 +559,8 @@ def check_logits_free_from_the_model_config(tp: int) -> None:
         _assert_same_training_signal(ours, want, f"tp {tp} config field {setting}")
         # the route the field names ("auto" as the kernel resolves it for this batch)
         asked = "auto" if setting is True else setting
-        hidden_size = model.config.hidden_size
-        route = resolve_weight_gradient(asked, labels.numel(), hidden_size, torch.float32)
+        local, hidden_size = model.vocab_size // tp, model.config.hidden_size
+        route = resolve_weight_gradient(asked, labels.numel(), local, hidden_size, torch.float32)
         assert (sum(counted.tiles) > 0) == (route == "backward"), (setting, counted.tiles)
 
 

@@ -107,22 +107,30 @@ def test_default_tile_holds_no_more_than_256_mib_of_logits_nor_an_eighth_of_the_
     assert default_tile_columns(5, 10**9) == 1
 
 
+V = 151936
+
+
 @pytest.mark.parametrize(
-    "tokens, hidden_size, dtype, route",
+    "tokens, local_vocab, hidden_size, dtype, route",
     [
-        (4096, 512, torch.bfloat16, "forward"),  # 6 V h bytes = 3/16 of 4 N V: the bound
-        (4096, 513, torch.bfloat16, "backward"),
-        (4096, 1024, torch.bfloat16, "backward"),
-        (16384, 2048, torch.bfloat16, "forward"),
-        (4096, 1024, torch.float16, "backward"),
-        (4096, 8192, torch.float32, "forward"),  # the accumulator is the gradient
-        (4096, 8192, torch.float64, "forward"),
-        (8192, 4096, torch.bfloat16, "backward"),  # a 7B model, micro-batch 1 x 8192
+        (4096, V, 512, torch.bfloat16, "forward"),  # 6 V h bytes = 3/16 of 4 N V: the bound
+        (4096, V, 513, torch.bfloat16, "backward"),
+        (4096, V, 1024, torch.bfloat16, "backward"),
+        (4096, V // 2, 1024, torch.bfloat16, "backward"),
+        (16384, V, 2048, torch.bfloat16, "forward"),
+        (4096, V, 1024, torch.float16, "backward"),
+        (4096, V, 8192, torch.float32, "forward"),  # the accumulator is the gradient
+        (4096, V, 8192, torch.float64, "forward"),
+        (8192, 128256, 4096, torch.bfloat16, "backward"),  # a 7B model, micro-batch 1 x 8192
+        # TP 8, h 8192, 32768 tokens: the backward route's fp32 [N, h] would be larger
+        (32768, V // 8, 8192, torch.bfloat16, "forward"),
     ],
 )
-def test_auto_weight_gradient_route_keeps_the_accumulator_small(tokens, hidden_size, dtype, route):
+def test_auto_weight_gradient_route_holds_the_smaller_buffers(
+    tokens, local_vocab, hidden_size, dtype, route
+):
     from del_megatron.kernels.linear import resolve_weight_gradient
 
-    assert resolve_weight_gradient("auto", tokens, hidden_size, dtype) == route
+    assert resolve_weight_gradient("auto", tokens, local_vocab, hidden_size, dtype) == route
     for forced in ("forward", "backward"):
-        assert resolve_weight_gradient(forced, tokens, hidden_size, dtype) == forced
+        assert resolve_weight_gradient(forced, tokens, local_vocab, hidden_size, dtype) == forced

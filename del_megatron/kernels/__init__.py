@@ -117,16 +117,16 @@ def digit_cross_entropy(
     (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits
     and at most an eighth of the rows; "softmax" always takes all rows). ce_weights [N] (linear
     kernel only): the weights the caller reduces ce by, up to a scalar; forward then forms the
-    gradients and backward scales them (LinearDigitCrossEntropy). weight_gradient (linear
-    kernel only): "forward", "backward" or "auto", where the weight gradient is formed
-    (kernels/linear.py).
+    gradients and backward scales them, on the "forward" weight-gradient route
+    (LinearDigitCrossEntropy). weight_gradient (linear kernel only): "forward", "backward" or
+    "auto", where the gradients are formed (kernels/linear.py).
     """
     n = inputs[0].size(0)
     if len(inputs) == 2:
         kernel = _linear_kernel(kernel, inplace)
         local_vocab = inputs[1].size(0)
         hidden_size, dtype = inputs[0].size(-1), inputs[0].dtype
-        route = linear.resolve_weight_gradient(weight_gradient, n, hidden_size, dtype)
+        route = linear.resolve_weight_gradient(weight_gradient, n, local_vocab, hidden_size, dtype)
     else:
         kernel = resolve_kernel(kernel, inputs[0], inplace)
         local_vocab, route = inputs[0].size(-1), "forward"

@@ -15,8 +15,9 @@ The gradients take one of two routes (plan.weight_gradient):
   each into its gradient and multiplies it into its rows of grad_weight (written once, in the
   weight's dtype) and into an fp32 grad_hidden [N, h] (4 matmuls; nothing [V/tp, h] but the
   gradient itself; any upstream gradient).
-"auto" takes "forward" in fp32 (its accumulator is the gradient itself) and, below fp32, while
-its buffers are small beside the materialised logits (h <= N/8; resolve_weight_gradient).
+"auto" takes "forward" while its buffers are small beside the materialised logits or no larger
+than the "backward" route's (always in fp32; in bf16 while h <= N/8, and past that when N is
+large beside V/tp; resolve_weight_gradient).
 
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
@@ -78,23 +79,27 @@ def default_tile_columns(local_vocab: int, tokens: int) -> int:
     return _slab(local_vocab, tokens)
 
 
-def resolve_weight_gradient(requested: str, tokens: int, hidden_size: int, dtype) -> str:
-    """The route `requested` names. "auto" in fp32/fp64: "forward" (the accumulator is then the
-    gradient itself, which "backward" holds too). Below fp32: "forward" while its accumulator and
-    the gradient's copy in `dtype` ([V/tp, h] each) are within 3/16 of the materialised path's
-    [N, V/tp] logits and gradient in `dtype` (h <= N/8), so that with one chunk (1/16 of them)
-    beside they stay within a quarter; else "backward" (one matmul more)."""
+def resolve_weight_gradient(
+    requested: str, tokens: int, local_vocab: int, hidden_size: int, dtype: torch.dtype
+) -> str:
+    """The route `requested` names. "auto": "forward" (3 matmuls) while the buffers it holds,
+    the fp32 accumulator [V/tp, h] and below fp32 the gradient's copy in `dtype`, are within
+    3/16 of the materialised path's [N, V/tp] logits and gradient (so that with one chunk, 1/16
+    of them, beside they stay within a quarter), or no larger than the "backward" route's: its
+    gradient [V/tp, h] and its accumulator (and copy) for grad_hidden [N, h]. In fp32 that is
+    always "forward" (its accumulator is the gradient itself); in bf16, "backward" for
+    h > N/8 unless N is large beside V/tp."""
     if requested not in WEIGHT_GRADIENTS:
         raise ValueError(f"weight_gradient must be one of {WEIGHT_GRADIENTS}, got {requested!r}")
     if requested != "auto":
         return requested
     size = torch.empty((), dtype=dtype).element_size()
     accumulator = 8 if dtype == torch.float64 else 4
-    if size >= accumulator:
-        return "forward"
-    held = hidden_size * (accumulator + size)
-    materialised = 2 * tokens * size
-    return "forward" if 16 * held <= 3 * materialised else "backward"
+    held = accumulator + (size if size < accumulator else 0)
+    forward = local_vocab * hidden_size * held
+    backward = local_vocab * hidden_size * size + tokens * hidden_size * held
+    materialised = 2 * tokens * local_vocab * size
+    return "forward" if 16 * forward <= 3 * materialised or forward <= backward else "backward"
 
 
 # None: the passes over a chunk are torch.compile'd on CUDA and eager elsewhere; True/False
@@ -202,7 +207,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             ctx.saved_tensors
         )
         plan, rows, early, grads = ctx.plan, TargetRows(*saved_rows), ctx.early, None
-        statistics = _Statistics(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
+        statistics = _BackwardInputs(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
         ctx.early = None
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
@@ -219,7 +224,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
-class _Statistics(NamedTuple):
+class _BackwardInputs(NamedTuple):
     """What backward forms the gradient of a block of logits from: the row maxima (shift) [N],
     the log-sum-exp of the logits minus them [N], the target rows, the plan, and the target
     probability [N] and digit logits [N, 10] as forward formed them (recompute.gradient_into's
@@ -235,7 +240,7 @@ class _Statistics(NamedTuple):
 def _recomputed_gradients(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    statistics: _Statistics,
+    statistics: _BackwardInputs,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +277,7 @@ def _recomputed_gradients(
 def _by_tile(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    statistics: _Statistics,
+    statistics: _BackwardInputs,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -311,12 +316,15 @@ def _by_tile(
 
 
 def _add_product_(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """accumulator [N, h] += a [N, t] @ b [t, h]; in another dtype the product is formed whole
-    first ([N, h], small beside a)."""
+    """accumulator [N, h] += a [N, t] @ b [t, h]. In one dtype, addmm_ needs no temporary;
+    otherwise the product is formed WEIGHT_SLICE_BYTES of it at a time."""
     if a.dtype == accumulator.dtype:
         accumulator.addmm_(a, b)
-    else:
-        accumulator.add_(torch.matmul(a, b))
+        return
+    rows = max(1, WEIGHT_SLICE_BYTES // (b.size(1) * b.element_size()))
+    for start in range(0, accumulator.size(0), rows):
+        part = slice(start, start + rows)
+        accumulator[part].add_(torch.matmul(a[part], b))
 
 
 def _add_chunk_gradients_(
@@ -324,14 +332,12 @@ def _add_chunk_gradients_(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     grad_hidden: torch.Tensor,
-    grad_weight: Optional[torch.Tensor],
+    grad_weight: torch.Tensor,
 ) -> None:
     """A chunk's gradient of the logits grad [c, V/tp] (the hidden's dtype) into its rows of
-    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added; None:
-    the weight gradient takes the "backward" route)."""
+    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added)."""
     torch.matmul(grad, weight, out=grad_hidden)
-    if grad_weight is not None:
-        _add_weight_gradient_(grad_weight, grad, hidden)
+    _add_weight_gradient_(grad_weight, grad, hidden)
 
 
 def _add_weight_gradient_(

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "with --numerical-loss ce, a logits-free cross-entropy). Optional value: where the "
         "output weight's gradient is formed, 'forward' (an fp32 [V/tp, h] accumulator, as many "
         "matmuls as the materialised path), 'backward' (by vocab tile, one matmul more, no "
-        "accumulator) or 'auto' (the default: 'forward' in fp32, and in bf16 while h <= tokens/8)",
+        "accumulator) or 'auto' (the default: 'forward' unless its accumulator would be large "
+        "beside the logits and beside the backward route's own buffers; logged)",
     )
     group.add_argument(
         "--del-allow-multi-digit-tokens",

@@ -332,12 +332,17 @@ def _logits_free_loss(
     tp_group = tp_group if dist.get_world_size(tp_group) > 1 else None
     sequence_parallel = getattr(output_layer, "sequence_parallel", False) and tp_group is not None
     asked = _weight_gradient(module, state.current())
-    route = resolve_weight_gradient(asked, labels.numel(), hidden_states.size(-1), weight.dtype)
+    tokens, hidden_size = labels.numel(), hidden_states.size(-1)
+    route = resolve_weight_gradient(asked, tokens, weight.size(0), hidden_size, hidden_states.dtype)
     state.log_once(
-        "logits_free",
-        "del_megatron: logits-free loss; the output weight's gradient is formed in %s (%s)",
+        f"logits_free_{route}",
+        "del_megatron: logits-free loss; the output layer's gradients take the '%s' route "
+        "(asked: %s; %d tokens, h %d, %d vocab columns on this rank)",
         route,
-        "by token chunk, fp32 accumulator" if route == "forward" else "by vocab tile",
+        asked,
+        tokens,
+        hidden_size,
+        weight.size(0),
     )
     parts = numerical_linear_loss(
         hidden_states,
