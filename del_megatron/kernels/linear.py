@@ -207,7 +207,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             ctx.saved_tensors
         )
         plan, rows, early, grads = ctx.plan, TargetRows(*saved_rows), ctx.early, None
-        statistics = _BackwardInputs(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
+        saved = _BackwardInputs(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
         ctx.early = None
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
@@ -218,7 +218,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             del early
         if grads is None:
             recomputed = _recomputed_gradients if plan.weight_gradient == "forward" else _by_tile
-            grads = recomputed(hidden, weight, statistics, grad_ce, grad_digits)
+            grads = recomputed(hidden, weight, saved, grad_ce, grad_digits)
         grad_hidden, grad_weight = grads
         plan.shard.all_reduce(grad_hidden, dist.ReduceOp.SUM)
         return grad_hidden, grad_weight.to(weight.dtype), None, None
@@ -240,13 +240,13 @@ class _BackwardInputs(NamedTuple):
 def _recomputed_gradients(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    statistics: _BackwardInputs,
+    saved: _BackwardInputs,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
     (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype."""
-    shift, log_sum_exp, rows, plan, (target_prob, forward_digits) = statistics
+    shift, log_sum_exp, rows, plan, (target_prob, forward_digits) = saved
     step = plan.chunk_tokens
     _, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
     grad_hidden = torch.empty_like(hidden)
@@ -277,7 +277,7 @@ def _recomputed_gradients(
 def _by_tile(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    statistics: _BackwardInputs,
+    saved: _BackwardInputs,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -286,7 +286,7 @@ def _by_tile(
     weight's dtype, written once: one matmul over all N rows, as the materialised output layer
     forms it) and into this rank's share of grad_hidden [N, h] (summed over the tiles in the
     compute dtype; over the group by the caller)."""
-    shift, log_sum_exp, rows, plan, forward_values = statistics
+    shift, log_sum_exp, rows, plan, forward_values = saved
     n, local_vocab = hidden.size(0), weight.size(0)
     tile = default_tile_columns(local_vocab, n)
     _, second_pass, sub_step = chunk_passes(hidden, tile, n)
