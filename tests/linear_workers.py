@@ -382,8 +382,9 @@ def check_loss_mask_by_tile(seed: int) -> None:
 def checks_for(tp: int) -> List[str]:
     names = ["check_equals_materialised", "check_large_logits", "check_gradcheck_float64"]
     names += ["check_loss_mask_forms_gradients_in_forward", "check_loss_mask_second_backward"]
-    names += ["check_equals_materialised_by_tile", "check_loss_mask_by_tile"]
     if tp < 4:
+        # the routes differ per rank only: TP 1 and 2 cover them (the CI budget is tight)
+        names += ["check_equals_materialised_by_tile", "check_loss_mask_by_tile"]
         names += ["check_compiled_passes"]
     if tp > 1:
         names += ["check_sequence_parallel_hidden_refused"]
