@@ -50,9 +50,9 @@ NOT_PROPORTIONAL = (
     "multiplies every chunk out again: exact, one matmul more"
 )
 
-# Bytes of the weight-gradient product formed at a time when it is added to an accumulator of
-# another dtype (a bf16 product into the fp32 accumulator; on a CPU the add makes an fp32 copy
-# of it too).
+# Bytes of a gradient product (grad_weight's, or grad_hidden's on the "backward" route) formed
+# at a time when it is added to an accumulator of another dtype (a bf16 product into an fp32
+# accumulator; on a CPU the add makes an fp32 copy of it too).
 WEIGHT_SLICE_BYTES = 8 * 2**20
 
 # How far (in units of the dtype's eps, relative to the largest entry) the upstream gradient of
@@ -93,7 +93,7 @@ def resolve_weight_gradient(
         raise ValueError(f"weight_gradient must be one of {WEIGHT_GRADIENTS}, got {requested!r}")
     if requested != "auto":
         return requested
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     accumulator = 8 if dtype == torch.float64 else 4
     held = accumulator + (size if size < accumulator else 0)
     forward = local_vocab * hidden_size * held
@@ -316,8 +316,10 @@ def _by_tile(
 
 
 def _add_product_(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """accumulator [N, h] += a [N, t] @ b [t, h]. In one dtype, addmm_ needs no temporary;
-    otherwise the product is formed WEIGHT_SLICE_BYTES of it at a time."""
+    """accumulator [m, h] += a [m, k] @ b [k, h] (grad_hidden from a vocab tile; grad_weight
+    from a chunk's gradient, a = grad.t()). In one dtype, addmm_ needs no temporary; otherwise
+    the product is formed WEIGHT_SLICE_BYTES of it at a time, not [m, h] whole beside the
+    accumulator."""
     if a.dtype == accumulator.dtype:
         accumulator.addmm_(a, b)
         return
@@ -337,22 +339,7 @@ def _add_chunk_gradients_(
     """A chunk's gradient of the logits grad [c, V/tp] (the hidden's dtype) into its rows of
     grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added)."""
     torch.matmul(grad, weight, out=grad_hidden)
-    _add_weight_gradient_(grad_weight, grad, hidden)
-
-
-def _add_weight_gradient_(
-    grad_weight: torch.Tensor, grad: torch.Tensor, hidden: torch.Tensor
-) -> None:
-    """grad_weight [V/tp, h] (the accumulator) += grad.t() @ hidden for a chunk's grad [c, V/tp]
-    and hidden [c, h]. In one dtype, addmm_ needs no temporary; otherwise the product is formed
-    WEIGHT_SLICE_BYTES of it at a time, not [V/tp, h] whole beside the accumulator."""
-    if grad.dtype == grad_weight.dtype:
-        grad_weight.addmm_(grad.t(), hidden)
-        return
-    rows = max(1, WEIGHT_SLICE_BYTES // (hidden.size(1) * hidden.element_size()))
-    for start in range(0, grad_weight.size(0), rows):
-        part = slice(start, start + rows)
-        grad_weight[part].add_(torch.matmul(grad[:, part].t(), hidden))
+    _add_product_(grad_weight, grad.t(), hidden)
 
 
 class _EarlyGradients(NamedTuple):
