@@ -81,6 +81,7 @@ def main() -> None:
             extra_args_provider=extra,
             **common,
         )
+    lm.destroy_process_groups()
 
 
 if __name__ == "__main__":

@@ -122,6 +122,25 @@ def test_patches_are_well_formed_and_use_only_the_public_plugin_api(patch):
     assert "loss_func = del_lm.make_loss_func(loss_func)" in text
     assert "data_iterator = del_lm.counted(data_iterator, model)" in text
     assert "del_lm.help_with_flags(extra_args_provider)" in text
+    assert text.rstrip().endswith("+    del_lm.destroy_process_groups()"), "after pretrain()"
+
+
+def test_destroy_process_groups_destroys_every_group(tmp_path):
+    """After pretrain() returns, the scripts destroy the default group and Megatron's subgroups
+    (gloo's threads left to interpreter exit can abort a finished run); with none, a no-op."""
+    dist = torch.distributed
+    assert not dist.is_initialized()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        subgroup = dist.new_group([0])
+        assert dist.get_world_size(subgroup) == 1
+        lm.destroy_process_groups()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    lm.destroy_process_groups()
 
 
 def test_loss_func_wrapper_signature_matches_megatron_lm():

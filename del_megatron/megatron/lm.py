@@ -10,6 +10,7 @@
   flags once Megatron has built the tokenizer, and records the settings on the model config.
 - `install(pretrain_gpt)` (the drop-in): wraps the module's loss_func and forward_step.
 - `help_with_flags(extra)`: `--help` lists the DEL flags (inprocess_restart parses first).
+- `destroy_process_groups()`: after pretrain() returns, so that the process exits cleanly.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "add_arguments",
     "chain_extra_args",
     "counted",
+    "destroy_process_groups",
     "help_with_flags",
     "install",
     "make_loss_func",
@@ -122,6 +124,15 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
         make_accounting = functools.partial(step_accounting, cfg, args)
     register(cfg, step_accounting=make_accounting, logits_free=logits_free)
     return cfg
+
+
+def destroy_process_groups() -> None:
+    """Destroy torch.distributed's process groups (all of them; a no-op if none exist). Call it
+    once pretrain() has returned: Megatron-LM's pretrain_gpt.py leaves the groups to interpreter
+    exit, where gloo's worker threads can abort a finished run with SIGABRT ("terminate called
+    without an active exception", pytorch/pytorch#190489). Megatron-Bridge destroys its own."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokenizer: Callable):
