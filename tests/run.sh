@@ -11,8 +11,8 @@
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)
 # Usage: bash tests/run.sh [lint|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
 # environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the stages run
-# one after another; only the Python 3.12 set-up runs beside lint (the image stage copies torch
-# from that environment).
+# one after another; only the Python 3.12 set-up runs beside lint and the Python 3.11 unit tests
+# (the image stage takes torch from that environment).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -23,9 +23,9 @@ venv_of() {
   case "$1" in py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;; esac
 }
 
-setup_pid=""  # everything()'s Python 3.12 set-up while it runs beside lint
+setup_pid=""  # everything()'s Python 3.12 set-up while it runs beside lint and unit (py311)
 
-stop_setup() {  # a failing lint ends the run: the set-up beside it stops too
+stop_setup() {  # a failing lint or unit stage ends the run: the set-up beside it stops too
   if [ -n "$setup_pid" ]; then
     pkill -TERM -P "$setup_pid" || true
     kill "$setup_pid" 2>/dev/null || true
@@ -75,21 +75,23 @@ e2e_in() {
 
 everything() {
   # One stage at a time, except the Python 3.12 set-up (downloads and unpacking), which runs
-  # beside lint. So a fresh clone took 1479 s on 2 cores; in two streams the same stages took
-  # 2451 s, each 2-3x slower than alone (likely: a torchrun job's gloo ranks wait for each other
-  # in every collective, and beside another stream one of them is often descheduled).
+  # beside lint and the Python 3.11 unit tests (172 s of set-up beside 62 s of lint left the
+  # machine waiting 110 s). Test stages do not run beside each other: in two streams they took
+  # 2451 s where one at a time took 1479 s, each 2-3x slower than alone (likely: a torchrun
+  # job's gloo ranks wait for each other in every collective, and beside another stream one of
+  # them is often descheduled).
   local setup_log rc=0
   setup_log=$(mktemp /tmp/del-megatron-setup-py312.XXXXXX)
   stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge >"$setup_log" 2>&1 &
   setup_pid=$!
   trap stop_setup EXIT
   stage lint lint
+  stage "unit (py311)" unit_in py311
   wait "$setup_pid" || rc=$?
   setup_pid=""
   cat "$setup_log"
   rm -f "$setup_log"
   [ "$rc" = 0 ] || { echo "set-up (py312) failed" >&2; return "$rc"; }
-  stage "unit (py311)" unit_in py311
   stage "e2e (py311)" e2e_in py311
   stage "unit (py312)" unit_in py312
   stage "e2e (py312)" e2e_in py312

@@ -163,7 +163,8 @@ prepare_megatron_lm() {
 #   - the host's CPython 3.12 in /usr/local (NGC 25.09 has 3.12; the project supports 3.11 and
 #     3.12, and its py312 test environment uses the same interpreter; Debian has no 3.12);
 #   - torch 2.14.1 (the CUDA build from PyPI, which runs on CPU), numpy and what torch requires,
-#     copied from the py312 test environment that `examples/setup_env.sh py312` installs;
+#     hard-linked (copied across file systems) from the py312 test environment that
+#     `examples/setup_env.sh py312` installs;
 #   - like Ubuntu 24.04-based NGC images, a user with uid 1000 (`ubuntu`), so that the project's
 #     Dockerfile must cope with one.
 copy_python() {  # the interpreter, libpython and the standard library into $1 (a /usr/local)
@@ -187,7 +188,7 @@ lib_packages() {  # the Debian packages of the libraries that the Python in $1 l
     done | cut -d: -f1 | sort -u | paste -sd, -
 }
 make_standin() {
-  local rootfs=$work/standin site
+  local rootfs=$work/standin
   rm -rf "$rootfs"
   mkdir -p "$work/python"
   copy_python "$work/python"
@@ -197,14 +198,14 @@ make_standin() {
     --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --aptopt='Acquire::Languages "none"' \
     "$suite" "$rootfs" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+  log "debian root file system made"
   cp -a "$work/python/." "$rootfs/usr/local/"
   rm -rf "$work/python"
-  site=$("$root/.venv312/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "$root/.venv312/bin/python" "$here/torch_files.py" | tar -C "$site" -c -T - |
-    tar -C "$rootfs/usr/local/lib/python3.12/site-packages" -x
+  "$root/.venv312/bin/python" "$here/torch_files.py" "$rootfs/usr/local/lib/python3.12/site-packages"
   # A TLS-intercepting proxy before the package index: its CA certificates go into the image.
   find /usr/local/share/ca-certificates -maxdepth 1 -name '*.crt' \
     -exec cp {} "$rootfs/usr/local/share/ca-certificates/" \; 2>/dev/null || true
+  log "torch and its requirements copied ($(du -sh "$rootfs" | cut -f1) in all)"
   PIP_ROOT_USER_ACTION=ignore chroot "$rootfs" /bin/bash -euo pipefail -c '
     ldconfig
     ln -s python3.12 /usr/local/bin/python3 && ln -s python3.12 /usr/local/bin/python
@@ -216,6 +217,7 @@ make_standin() {
     --change 'ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore' \
     --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     --change 'ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt' - "$standin" >/dev/null
+  log "imported"
   rm -rf "$rootfs"
   docker run --rm "$standin" python -c "import ssl, sqlite3, ctypes, bz2, lzma, torch; \
 assert torch.distributed.is_gloo_available(); print('stand-in: torch', torch.__version__)"
