@@ -126,8 +126,9 @@ def test_patches_are_well_formed_and_use_only_the_public_plugin_api(patch):
 
 
 def test_destroy_process_groups_destroys_every_group(tmp_path):
-    """After pretrain() returns, the scripts destroy the default group and Megatron's subgroups
-    (gloo's threads left to interpreter exit can abort a finished run); with none, a no-op."""
+    """After pretrain() returns, the scripts destroy the process groups (gloo's threads left to
+    interpreter exit can abort a finished run): with a subgroup alive, the default group ends up
+    destroyed (torch.distributed has no public check on the subgroups); with none, a no-op."""
     dist = torch.distributed
     assert not dist.is_initialized()
     store = dist.FileStore(str(tmp_path / "store"), 1)
