@@ -6,8 +6,16 @@ setup(
     name="del-megatron",
     version="0.1.0",
     description="Digit Entropy Loss (DEL) and its peer losses for Megatron-Core pretraining",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(
+        "The Digit Entropy Loss (DEL, arXiv 2605.20369) for Megatron-Core: a place-weighted term "
+        "on digit tokens added to cross-entropy, vocab-parallel, with the peer losses NTL-WAS, "
+        "NTL-MSE and DIST2Loss. One flag in Megatron-LM (`--numerical-loss del`, through the "
+        "patch or the drop-in script in the repository), one call in Megatron-Bridge and NeMo. "
+        "Tested on CPU; not yet run on a GPU. Documentation: README.md and docs/ in the "
+        "repository."
+    ),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     packages=find_packages(include=["del_megatron", "del_megatron.*"]),
     # The CPU runtime's start-up hook (a folder for PYTHONPATH, not a package).
     package_data={"del_megatron.cpu": ["site/sitecustomize.py"]},
