@@ -89,11 +89,16 @@ def _remote_has_tag(repo: str, tag: str) -> bool:
 
 
 def unavailable_message(tags: Sequence[str], env: Mapping[str, str]) -> str:
-    repo = _repo(env) or "(MEGATRON_LM_REPO is empty: no clone)"
+    repo = _repo(env)
+    clone = (
+        f"let git reach {repo} (a shallow clone is cached in {cache_folder(env)})"
+        if repo
+        else "set MEGATRON_LM_REPO to a git URL that has the tag (it is empty: no clone)"
+    )
     return (
         f"Megatron-LM {' '.join(tags)}: no sources found. Set MEGATRON_LM_ARCHIVES to a folder "
         "of <tag>.tar.gz release snapshots, or MEGATRON_LM_DIR to a checkout of the tag, or "
-        f"let git reach {repo} (a shallow clone is cached in {cache_folder(env)})"
+        + clone
     )
 
 

@@ -111,8 +111,13 @@ def test_nowhere_is_one_line_naming_every_missing_tag_and_what_to_set(tmp_path):
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("Megatron-LM core_v0.18.0 core_v0.16.1: no sources found")
-    for name in ("MEGATRON_LM_ARCHIVES", "MEGATRON_LM_DIR"):
+    for name in ("MEGATRON_LM_ARCHIVES", "MEGATRON_LM_DIR", "MEGATRON_LM_REPO to a git URL"):
         assert name in message
+    env["MEGATRON_LM_REPO"] = "file:///nowhere/Megatron-LM.git"
+    with pytest.raises(
+        mls.SourceUnavailable, match="let git reach file:///nowhere/Megatron-LM.git"
+    ):
+        mls.find("core_v0.18.0", env)
 
 
 @pytest.mark.parametrize(
