@@ -12,25 +12,37 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, Mapping, Sequence
 
+from ..preflight import SENTENCEPIECE, recommended_weight
 from . import report
-from .config import NOT_DEFINING, differing_settings
+from .config import NOT_DEFINING, SCORING, differing_settings
 from .stats import mean_interval, paired_difference
 
 BASELINE = "ce"
-# A reused run must also have been scored on the same held-out problems.
-REUSE_IGNORES = tuple(name for name in NOT_DEFINING if name != "eval_problems")
-# The weight of each numerical term at its paper setting for a SentencePiece-style tokenizer that
-# splits digits (this corpus's): DEL 0.1 as in the DEL authors' CodeLlama / Mistral runs, NTL
-# 0.3 as its authors recommend; DIST2 0.1, DEL's (the spec names no weight of its own).
-PAPER_WEIGHTS = {"ce": 0.0, "del": 0.1, "ntl_was": 0.3, "ntl_mse": 0.3, "dist2": 0.1}
+STATS = ("mean", "low", "high")  # of an Interval, as the curves store them
+# A reused run must also have been scored on the same held-out problems, at the same steps.
+REUSE_IGNORES = tuple(name for name in NOT_DEFINING if name not in SCORING)
+# The weight of each numerical term at its paper setting for a SentencePiece tokenizer that
+# splits digits (this corpus's), as `del-megatron check` recommends it: DEL 0.1 as in the DEL
+# authors' CodeLlama / Mistral runs, NTL 0.3 as its authors recommend, DIST2 DEL's (the spec
+# names no weight of its own).
+PAPER_WEIGHTS = {
+    "ce": 0.0,
+    **{loss: recommended_weight(loss, SENTENCEPIECE) for loss in ("del", "ntl_was", "ntl_mse")},
+    "dist2": recommended_weight("dist2", SENTENCEPIECE),
+}
 # (key in metrics.json, title, format, higher is better): the demo's held-out metrics, and the
 # final training CE
 LOWER_IS_BETTER = ("mean_abs_log10_error", "final_ce")
 METRICS = [
     (key, title, fmt, key not in LOWER_IS_BETTER)
     for key, title, fmt in [*report.METRICS, ("final_ce", "final train CE", "{:.4f}")]
+]
+# What the learning curves show: the held-out metrics and the training CE at each point.
+CURVE_METRICS = [
+    (key, title, key not in LOWER_IS_BETTER and key != "train_ce")
+    for key, title, _ in [*report.METRICS, report.TRAIN_CE]
 ]
 
 
@@ -79,12 +91,14 @@ def read_run(path: str) -> dict:
         return {}
 
 
-def run_metrics(run: dict) -> Dict[str, float]:
-    """The compared metrics of one finished run, and their standard errors (`<key>_se`)."""
-    values = {key: run[key] for key, *_ in METRICS if key != "final_ce"}
-    values["final_ce"] = run["history"][-1]["ce"]
+def run_metrics(run: dict) -> Dict[str, object]:
+    """The compared metrics of one finished run, their standard errors (`<key>_se`) and its
+    learning curve (`curve`: the held-out metrics on the curve's subset at each point)."""
+    values: Dict[str, object] = {key: run[key] for key, *_ in METRICS if key != "final_ce"}
+    values["final_ce"] = report.final_train_ce(run["history"])
     for key, se in run.get("standard_errors", {}).items():
         values[f"{key}_se"] = se
+    values["curve"] = run.get("curve", [])
     return values
 
 
@@ -155,6 +169,41 @@ def summarize(
     return summary
 
 
+def summarize_curves(
+    results: Dict[str, Dict[int, Dict[str, object]]], seeds: Sequence[int]
+) -> Dict[str, Dict[str, dict]]:
+    """{arm: {metric: {steps, mean, low, high, [difference: {mean, low, high}]}}}: at each curve
+    step that every seed's run scored, the mean over seeds with its 95% interval, and the
+    difference against ce paired over seeds."""
+
+    def by_step(arm: str, seed: int, key: str) -> Dict[int, float]:
+        return {p["step"]: p[key] for p in results[arm][seed].get("curve", [])}
+
+    curves: Dict[str, Dict[str, dict]] = {}
+    for arm in results:
+        rows = {}
+        for key, *_ in CURVE_METRICS:
+            per_seed = [by_step(arm, seed, key) for seed in seeds]
+            if BASELINE in results and arm != BASELINE:
+                base = [by_step(BASELINE, seed, key) for seed in seeds]
+            else:
+                base = None
+            common = set.intersection(*(set(c) for c in per_seed + (base or [])))
+            steps = sorted(common)
+            row: Dict[str, object] = {"steps": steps}
+            intervals = [mean_interval([c[step] for c in per_seed]) for step in steps]
+            row.update({name: [getattr(i, name) for i in intervals] for name in STATS})
+            if base is not None:
+                paired = [
+                    paired_difference([c[step] for c in per_seed], [b[step] for b in base])
+                    for step in steps
+                ]
+                row["difference"] = {name: [getattr(d, name) for d in paired] for name in STATS}
+            rows[key] = row
+        curves[arm] = rows
+    return curves
+
+
 def _cell(row: dict, fmt: str) -> str:
     if row["n"] < 2:
         return fmt.format(row["mean"])
@@ -191,30 +240,42 @@ def table(summary: Dict[str, Dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: str, summary: Dict[str, Dict[str, dict]]) -> str:
-    """Bars: mean over seeds with its 95% interval; dots: the seeds."""
+def plot(path: str, curves: Dict[str, Dict[str, dict]], n_seeds: int) -> str:
+    """Top row: each metric against steps, a line a loss (mean over seeds) in its 95% band;
+    bottom row: the difference against ce paired over seeds, in its 95% band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = list(summary)
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4.0 * len(METRICS), 3.8))
-    for ax, (key, title, _, _) in zip(axes, METRICS, strict=True):
-        rows = [summary[arm][key] for arm in arms]
-        means = [row["mean"] for row in rows]
-        errors: List[List[float]] = [[], []]
-        for row in rows:
-            has_interval = row["n"] >= 2
-            errors[0].append(row["mean"] - row["low"] if has_interval else 0.0)
-            errors[1].append(row["high"] - row["mean"] if has_interval else 0.0)
-        ax.bar(arms, means, yerr=errors, capsize=4, color="#9ecae1", edgecolor="#3182bd")
-        for x, row in enumerate(rows):
-            ax.plot([x] * len(row["per_seed"]), row["per_seed"], "k.", markersize=4)
-        ax.set_title(title, fontsize=10)
-        ax.tick_params(axis="x", rotation=30)
-    n = max(row["n"] for rows in summary.values() for row in rows.values())
-    fig.suptitle(f"del-megatron compare: mean over {n} seeds, 95% interval, dots = seeds")
+    arms = list(curves)
+    fig, axes = plt.subplots(2, len(CURVE_METRICS), figsize=(4.2 * len(CURVE_METRICS), 7.2))
+    for col, (key, title, _) in enumerate(CURVE_METRICS):
+        top, bottom = axes[0][col], axes[1][col]
+        for color, arm in zip(report.COLORS, arms, strict=False):
+            row = curves[arm][key]
+            top.plot(row["steps"], row["mean"], "-o", color=color, markersize=3, label=arm)
+            if n_seeds >= 2:
+                top.fill_between(row["steps"], row["low"], row["high"], color=color, alpha=0.15)
+            diff = row.get("difference")
+            if diff is not None:
+                bottom.plot(row["steps"], diff["mean"], "-o", color=color, markersize=3)
+                if n_seeds >= 2:
+                    bottom.fill_between(
+                        row["steps"], diff["low"], diff["high"], color=color, alpha=0.15
+                    )
+        bottom.axhline(0.0, color=report.COLORS[0], linewidth=1)
+        top.set_title(title, fontsize=10)
+        bottom.set_title(f"minus ce, paired: {title.split(' (')[0]}", fontsize=10)
+        bottom.set_xlabel("step")
+        if key == "train_ce":
+            top.set_yscale("log")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(
+        f"del-megatron compare: mean over {n_seeds} seeds with 95% intervals (bands), on the "
+        "curve's held-out subset",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -229,12 +290,14 @@ def write_report(
 ) -> Dict[str, str]:
     """compare.json, compare.md and compare.png in `out`; their paths."""
     summary = summarize(results, seeds)
+    curves = summarize_curves(results, seeds)
     paths = {name: os.path.join(out, f"compare.{name}") for name in ("json", "md", "png")}
     with open(paths["json"], "w") as fh:
         record = {
             "seeds": list(seeds),
             "arms": {arm.name: {"loss": arm.loss, "weight": arm.weight} for arm in arms},
             "summary": summary,
+            "curves": curves,
             "runs": {
                 arm: {str(s): m for s, m in by_seed.items()} for arm, by_seed in results.items()
             },
@@ -242,5 +305,5 @@ def write_report(
         json.dump(record, fh, indent=1)
     with open(paths["md"], "w") as fh:
         fh.write(table(summary) + "\n")
-    plot(paths["png"], summary)
+    plot(paths["png"], curves, len(seeds))
     return paths

@@ -1,10 +1,12 @@
 """The demo's training settings: one dataclass that the CLI turns into flags, with the range
-each numeric setting must lie in (checked by argparse before anything launches). No torch."""
+each numeric setting must lie in (checked by argparse before anything launches)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import List, Mapping, Sequence
+
+from ..preflight import SENTENCEPIECE
 
 # Ranges of numeric settings: "positive" (> 0) or "non-negative" (>= 0).
 POSITIVE, NON_NEGATIVE = "positive", "non-negative"
@@ -19,8 +21,15 @@ class TrainConfig:
     data_dir: str
     out_dir: str
     loss: str = "del"
-    alpha: float = _setting(0.1, NON_NEGATIVE, "weight of the numerical term")
-    steps: int = _setting(500, POSITIVE, "optimizer steps")
+    # `del-megatron check`'s recommendation for the demo's tokenizer (a digit-splitting
+    # SentencePiece model): the DEL paper's weight in its CodeLlama and Mistral runs
+    alpha: float = _setting(
+        SENTENCEPIECE.alpha,
+        NON_NEGATIVE,
+        "weight of the numerical term (`del-megatron check --tokenizer T` recommends one for "
+        "a tokenizer T you bring)",
+    )
+    steps: int = _setting(1500, POSITIVE, "optimizer steps")
     micro_batch: int = _setting(16, POSITIVE, "sequences a step")
     seq_len: int = _setting(64, POSITIVE, "tokens a sequence")
     hidden: int = _setting(192, POSITIVE, "hidden size (a multiple of --heads)")
@@ -30,10 +39,18 @@ class TrainConfig:
     min_lr: float = _setting(2e-4, NON_NEGATIVE, "final learning rate of the cosine decay")
     warmup: int = _setting(50, NON_NEGATIVE, "warm-up steps (capped at steps / 5)")
     seed: int = _setting(1234, NON_NEGATIVE, "random seed")
-    save_interval: int = _setting(100, POSITIVE, "steps between checkpoints")
+    save_interval: int = _setting(250, POSITIVE, "steps between checkpoints")
     resume: bool = False
     stop_after: int = _setting(0, NON_NEGATIVE, "stop as if killed after this step (0: never)")
-    eval_problems: int = _setting(0, NON_NEGATIVE, "held-out problems to evaluate on (0: all)")
+    eval_problems: int = _setting(
+        0, NON_NEGATIVE, "held-out problems scored at the end of the run (0: all)"
+    )
+    curve_points: int = _setting(
+        10, NON_NEGATIVE, "evenly spaced steps at which the learning curve is scored (0: none)"
+    )
+    curve_problems: int = _setting(
+        200, NON_NEGATIVE, "held-out problems (the first N) scored at each curve point (0: all)"
+    )
     progress: bool = True
 
 
@@ -41,7 +58,9 @@ class TrainConfig:
 NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress")
 
 # Fields that do not change what a run trains: where it lives, how it is driven, how much of the
-# held-out set it is scored on (a rerun can score again; the weights are the same).
+# held-out set it is scored on and when (scoring draws no random numbers: the weights are the
+# same). A checkpoint resumes across them; `compare` reuses a run only if it was scored alike.
+SCORING = ("eval_problems", "curve_points", "curve_problems")
 NOT_DEFINING = (
     "data_dir",
     "out_dir",
@@ -49,7 +68,7 @@ NOT_DEFINING = (
     "progress",
     "stop_after",
     "save_interval",
-    "eval_problems",
+    *SCORING,
 )
 
 

@@ -1,25 +1,36 @@
-"""results.json, the PNG with loss curves and metrics side by side, and the printed table."""
+"""The demo's results.json, its PNG (learning curves per loss) and the printed table."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict
+from typing import Dict, List
 
 METRICS = [
     ("digit_accuracy", "digit acc (teacher-forced)", "{:.3f}"),
     ("exact_accuracy", "exact answer (greedy)", "{:.3f}"),
     ("mean_abs_log10_error", "mean |log10 error|", "{:.4f}"),
 ]
+TRAIN_CE = ("train_ce", "train CE (mean between points)", "{:.4f}")
+COLORS = ["#555555", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+
+
+def final_train_ce(history: List[dict]) -> float:
+    """Mean per-batch training CE over the last 5% of a run's steps (at least one): one batch's
+    CE is too noisy to compare runs by."""
+    if not history:
+        return float("nan")
+    tail = history[-max(1, len(history) // 20) :]
+    return sum(h["ce"] for h in tail) / len(tail)
 
 
 def write_results(out_dir: str, runs: Dict[str, dict]) -> str:
     summary = {
         loss: {
             **{key: run.get(key) for key, _, _ in METRICS},
-            "final_loss": run["history"][-1]["loss"] if run["history"] else None,
-            "final_ce": run["history"][-1]["ce"] if run["history"] else None,
+            "final_train_ce": final_train_ce(run["history"]),
             "train_seconds": run.get("train_seconds"),
+            "eval_seconds": run.get("eval_seconds"),
         }
         for loss, run in runs.items()
     }
@@ -30,28 +41,35 @@ def write_results(out_dir: str, runs: Dict[str, dict]) -> str:
 
 
 def plot(out_dir: str, runs: Dict[str, dict]) -> str:
+    """One panel a metric against steps, a line a loss: the held-out metrics on the curve's
+    fixed subset at each point, the end's score on every held-out problem as a dot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 1 + len(METRICS), figsize=(4.2 * (1 + len(METRICS)), 3.6))
-    for loss, run in runs.items():
-        steps = [h["step"] for h in run["history"]]
-        axes[0].plot(steps, [h["ce"] for h in run["history"]], label=f"{loss}: CE part")
-    axes[0].set_xlabel("step")
-    axes[0].set_ylabel("cross-entropy (train)")
-    axes[0].set_yscale("log")
-    axes[0].legend()
-    names = list(runs)
-    for ax, (key, title, _) in zip(axes[1:], METRICS, strict=True):
-        values = [runs[n].get(key) or 0.0 for n in names]
-        bars = ax.bar(
-            names, values, color=["#888888", "#1f77b4", "#ff7f0e", "#2ca02c"][: len(names)]
-        )
-        ax.bar_label(bars, fmt="%.3f")
-        ax.set_title(title)
-    fig.suptitle("del-megatron CPU demo: held-out problems")
+    panels = [*METRICS, TRAIN_CE]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.7))
+    subset = None
+    for color, (loss, run) in zip(COLORS, runs.items(), strict=False):
+        curve = run.get("curve", [])
+        steps = [p["step"] for p in curve]
+        subset = subset or (curve[0]["problems"] if curve else None)
+        for ax, (key, _, _) in zip(axes, panels, strict=True):
+            ax.plot(steps, [p[key] for p in curve], "-o", color=color, markersize=3, label=loss)
+            if key in run and curve:  # the end, on all held-out problems
+                ax.plot([steps[-1]], [run[key]], "D", color=color, markersize=7, mfc="none")
+    for ax, (_, title, _) in zip(axes, panels, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+    axes[-1].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    problems = max((run.get("eval_problems", 0) for run in runs.values()), default=0)
+    fig.suptitle(
+        f"del-megatron CPU demo: held-out metrics on {subset} problems during training "
+        f"(lines) and on all {problems} at the end (open diamonds)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path = os.path.join(out_dir, "results.png")
     fig.savefig(path, dpi=110)
@@ -60,10 +78,28 @@ def plot(out_dir: str, runs: Dict[str, dict]) -> str:
 
 
 def table(runs: Dict[str, dict]) -> str:
-    header = f"{'loss':>8} {'final CE':>9} " + " ".join(f"{t:>26}" for _, t, _ in METRICS)
+    header = f"{'loss':>8} {'train CE':>9} " + " ".join(f"{t:>26}" for _, t, _ in METRICS)
     lines = [header]
     for loss, run in runs.items():
-        ce = run["history"][-1]["ce"] if run["history"] else float("nan")
+        ce = final_train_ce(run["history"])
         cells = " ".join(f"{fmt.format(run.get(key, float('nan'))):>26}" for key, _, fmt in METRICS)
         lines.append(f"{loss:>8} {ce:>9.4f} {cells}")
     return "\n".join(lines)
+
+
+def curve_table(runs: Dict[str, dict]) -> str:
+    """Digit accuracy at each curve point, a column a loss (the curve's subset)."""
+    losses = list(runs)
+    steps = sorted({p["step"] for run in runs.values() for p in run.get("curve", [])})
+    by_step = {
+        loss: {p["step"]: p["digit_accuracy"] for p in run.get("curve", [])}
+        for loss, run in runs.items()
+    }
+    lines = [f"{'step':>6} " + " ".join(f"{loss:>9}" for loss in losses)]
+    for step in steps:
+        cells = " ".join(
+            f"{by_step[loss][step]:>9.3f}" if step in by_step[loss] else f"{'-':>9}"
+            for loss in losses
+        )
+        lines.append(f"{step:>6} {cells}")
+    return "digit accuracy during training (curve subset):\n" + "\n".join(lines)

@@ -4,12 +4,10 @@ a small Megatron-Core GPTModel trained on the prepared corpus with one loss, the
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
+import shutil
 import time
 from dataclasses import asdict
-from typing import Dict, List
 
 import torch
 import torch.distributed as dist
@@ -20,7 +18,7 @@ from .. import cpu
 from .. import megatron as dmm
 from .config import TrainConfig, differing_settings
 from .data import build_train_dataset, load_eval, tokenizer_path
-from .stats import ratio_standard_error, standard_error
+from .evaluate import curve_point, curve_steps, score, summarize
 from .text_tokenizer import TextTokenizer
 
 
@@ -77,9 +75,10 @@ def _checkpoint_dir(cfg: TrainConfig) -> str:
     return os.path.join(cfg.out_dir, "checkpoints")
 
 
-def save_checkpoint(cfg, step, model, optimizer, scheduler, history) -> None:
-    """Model weights with Megatron's dist_checkpointing; optimizer, scheduler, RNG and history
-    per rank beside them; `latest` names the newest complete checkpoint."""
+def save_checkpoint(cfg, step, model, optimizer, scheduler, record) -> None:
+    """Model weights with Megatron's dist_checkpointing; optimizer, scheduler, RNG and the run's
+    record (history, curve) per rank beside them; `latest` names the newest complete
+    checkpoint, and the older ones are removed."""
     from megatron.core import dist_checkpointing
 
     root = _checkpoint_dir(cfg)
@@ -94,7 +93,7 @@ def save_checkpoint(cfg, step, model, optimizer, scheduler, history) -> None:
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": torch.get_rng_state(),
-            "history": history,
+            **record,
             "config": asdict(cfg),
         },
         os.path.join(path, f"train_state_rank{dist.get_rank()}.pt"),
@@ -104,15 +103,19 @@ def save_checkpoint(cfg, step, model, optimizer, scheduler, history) -> None:
         with open(os.path.join(root, "latest.tmp"), "w") as fh:
             fh.write(os.path.basename(path))
         os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
+        for name in os.listdir(root):
+            if name.startswith("iter_") and name != os.path.basename(path):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def load_checkpoint(cfg, model, optimizer, scheduler):
-    """(step, history) of the newest checkpoint, restored into model/optimizer/scheduler."""
+    """(step, record) of the newest checkpoint, restored into model/optimizer/scheduler; record
+    holds the run's "history" and "curve" so far."""
     from megatron.core import dist_checkpointing
 
     latest = os.path.join(_checkpoint_dir(cfg), "latest")
     if not os.path.exists(latest):
-        return 0, []
+        return 0, {"history": [], "curve": []}
     with open(latest) as fh:
         path = os.path.join(_checkpoint_dir(cfg), fh.read().strip())
     state = torch.load(
@@ -128,91 +131,18 @@ def load_checkpoint(cfg, model, optimizer, scheduler):
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
-    return state["step"], state["history"]
+    return state["step"], {"history": state["history"], "curve": state.get("curve", [])}
 
 
-EVAL_BATCH = 64  # sequences a teacher-forced evaluation forward
-ANSWER_TOKENS = 12  # the most tokens greedy decoding writes for an answer
-
-
-def _full_logits(model, tokens):
-    """[b, s, V] whole-vocab logits (all-gathered over TP)."""
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    positions = torch.arange(tokens.size(1)).expand_as(tokens)
-    local = model(tokens, positions, None)  # [b, s, V/tp]
-    return gather_from_tensor_model_parallel_region(local)
-
-
-def _parse_number(text: str):
-    match = re.match(r"\s*(-?\d+(?:\.\d+)?)", text)
-    return float(match.group(1)) if match else None
-
-
-@torch.no_grad()
-def evaluate(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab) -> Dict:
-    """Teacher-forced digit accuracy on the answers; greedy-decoded exact-answer accuracy and
-    mean |log10 error| = |log10(1 + |predicted|) - log10(1 + |true|)| (an answer that does not
-    parse counts as 0); each with its standard error over the problems."""
-    model.eval()
-    digit_ids = torch.tensor(vocab.digit_ids)
-    correct_digits, total_digits = [], []
-    exact, log_errors, samples = [], [], []
-    by_length: Dict[int, List[dict]] = {}  # for generation: prompts of one length
-    by_full_length: Dict[int, List[tuple]] = {}  # for teacher forcing: prompt + answer
-    for problem in problems:
-        prompt = tok.encode(problem["prompt"])
-        answer = tok.encode(problem["answer"])
-        by_length.setdefault(len(prompt), []).append({**problem, "ids": prompt})
-        by_full_length.setdefault(len(prompt) + len(answer), []).append((prompt, answer))
-    for pairs in by_full_length.values():
-        for start in range(0, len(pairs), EVAL_BATCH):
-            chunk = pairs[start : start + EVAL_BATCH]
-            full = torch.tensor([prompt + answer for prompt, answer in chunk])
-            predicted = _full_logits(model, full).argmax(-1)  # [b, s]
-            for row, (prompt, _) in enumerate(chunk):
-                targets = full[row, len(prompt) :]
-                is_digit = torch.isin(targets, digit_ids)
-                hits = (predicted[row, len(prompt) - 1 : -1] == targets) & is_digit
-                correct_digits.append(int(hits.sum()))
-                total_digits.append(int(is_digit.sum()))
-    for group in by_length.values():
-        tokens = torch.tensor([p["ids"] for p in group])
-        generated = [[] for _ in group]
-        for _ in range(ANSWER_TOKENS):
-            next_ids = _full_logits(model, tokens)[:, -1].argmax(-1)
-            tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
-            for row, token in enumerate(next_ids.tolist()):
-                if not (generated[row] and generated[row][-1] == tok.eod):  # row not finished
-                    generated[row].append(token)
-            if all(ids and ids[-1] == tok.eod for ids in generated):
-                break
-        for problem, ids in zip(group, generated, strict=True):
-            text = tok.decode([i for i in ids if i != tok.eod])
-            value, truth = _parse_number(text), float(problem["answer"])
-            exact.append(int(text.strip() == problem["answer"]))
-            guess = 0.0 if value is None else value
-            log_errors.append(abs(math.log10(1 + abs(guess)) - math.log10(1 + abs(truth))))
-            if len(samples) < 8:
-                samples.append(
-                    {"prompt": problem["prompt"], "answer": problem["answer"], "output": text}
-                )
-    model.train()
-    return {
-        "digit_accuracy": sum(correct_digits) / max(sum(total_digits), 1),
-        "exact_accuracy": sum(exact) / max(len(exact), 1),
-        "mean_abs_log10_error": sum(log_errors) / max(len(log_errors), 1),
-        "eval_problems": len(problems),
-        "standard_errors": {
-            "digit_accuracy": ratio_standard_error(correct_digits, total_digits),
-            "exact_accuracy": standard_error(exact),
-            "mean_abs_log10_error": standard_error(log_errors),
-        },
-        "samples": samples,
-    }
+def _mean_train_ce(history, since_step: int) -> float:
+    """Mean training CE (per-batch) of the steps after `since_step`."""
+    values = [h["ce"] for h in history if h["step"] > since_step]
+    return sum(values) / len(values) if values else float("nan")
 
 
 def train(cfg: TrainConfig) -> None:
+    """Train one run, scoring the first cfg.curve_problems held-out problems at the curve's
+    steps and all cfg.eval_problems (0: all) at the end; rank 0 writes metrics.json."""
     rank = dist.get_rank()
     torch.set_num_threads(1)
     from megatron.core import parallel_state
@@ -227,15 +157,19 @@ def train(cfg: TrainConfig) -> None:
     dataset = build_train_dataset(
         cfg.data_dir, tok, cfg.seq_len, cfg.steps * cfg.micro_batch, cfg.seed
     )
-    start, history = (0, [])
+    problems = load_eval(cfg.data_dir)[: cfg.eval_problems or None]
+    subset = problems[: cfg.curve_problems or None]
+    scored_at = set(curve_steps(cfg.steps, cfg.curve_points))
+    start, record = (0, {"history": [], "curve": []})
     if cfg.resume:
-        start, history = load_checkpoint(cfg, model, optimizer, scheduler)
+        start, record = load_checkpoint(cfg, model, optimizer, scheduler)
+    history, curve = record["history"], record["curve"]
     bar = None
     if rank == 0 and cfg.progress:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.loss:>7}", unit="step")
-    began = time.time()
+    began, eval_seconds = time.time(), 0.0
     for step in range(start, cfg.steps):
         if cfg.stop_after and step >= cfg.stop_after:
             break
@@ -262,24 +196,37 @@ def train(cfg: TrainConfig) -> None:
         if bar is not None:
             bar.set_postfix(loss=f"{loss.item():.3f}", ce=f"{history[-1]['ce']:.3f}")
             bar.update(1)
+        if step + 1 in scored_at and step + 1 < cfg.steps:  # the last point: from the end's
+            timed = time.time()
+            summary = summarize(score(model, tok, subset, vocab), subset)
+            since = curve[-1]["step"] if curve else 0
+            curve.append(curve_point(step + 1, summary, _mean_train_ce(history, since)))
+            eval_seconds += time.time() - timed
         if (step + 1) % cfg.save_interval == 0 or step + 1 == cfg.steps:
-            save_checkpoint(cfg, step + 1, model, optimizer, scheduler, history)
+            save_checkpoint(cfg, step + 1, model, optimizer, scheduler, record)
     if bar is not None:
         bar.close()
     finished = bool(history) and history[-1]["step"] == cfg.steps
-    metrics = (
-        evaluate(model, tok, load_eval(cfg.data_dir)[: cfg.eval_problems or None], vocab)
-        if finished
-        else {}
-    )
+    metrics = {}
+    if finished:
+        timed = time.time()
+        scores = score(model, tok, problems, vocab)
+        metrics = summarize(scores, problems)
+        if scored_at and (not curve or curve[-1]["step"] < cfg.steps):
+            since = curve[-1]["step"] if curve else 0
+            end = summarize(scores, problems, len(subset))
+            curve.append(curve_point(cfg.steps, end, _mean_train_ce(history, since)))
+        eval_seconds += time.time() - timed
     dmm.unregister()
     if rank == 0:
         os.makedirs(cfg.out_dir, exist_ok=True)
         result = {
             "config": asdict(cfg),
             "history": history,
+            "curve": curve,
             "finished": finished,
-            "train_seconds": time.time() - began,
+            "train_seconds": time.time() - began - eval_seconds,
+            "eval_seconds": eval_seconds,
             **metrics,
         }
         with open(os.path.join(cfg.out_dir, "metrics.json"), "w") as fh:

@@ -1,0 +1,156 @@
+"""Scoring a demo model on held-out problems: per problem, then summarized over the first n
+(the learning curve's fixed subset) or all of them (the end of a run)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+import del_megatron as dm
+
+from .stats import ratio_standard_error, standard_error
+from .text_tokenizer import TextTokenizer
+
+EVAL_BATCH = 64  # sequences an evaluation forward
+ANSWER_TOKENS = 12  # the most tokens greedy decoding writes for an answer
+SAMPLES = 8  # answers kept in metrics.json to read
+# metrics.json keys of the held-out metrics
+METRIC_KEYS = ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error")
+
+
+@dataclass
+class Scores:
+    """Per held-out problem, in the order given: answer digits predicted right (teacher-forced)
+    and answer digits, exact greedy answer (0/1), |log10 error| of the greedy answer."""
+
+    digits_correct: List[int] = field(default_factory=list)
+    digits_total: List[int] = field(default_factory=list)
+    exact: List[int] = field(default_factory=list)
+    log_error: List[float] = field(default_factory=list)
+    outputs: List[str] = field(default_factory=list)
+
+
+def _full_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """[b, s, V] whole-vocab logits (all-gathered over TP) of [b, s] tokens."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    positions = torch.arange(tokens.size(1)).expand_as(tokens)
+    local = model(tokens, positions, None)  # [b, s, V/tp]
+    return gather_from_tensor_model_parallel_region(local)
+
+
+def _parse_number(text: str) -> Optional[float]:
+    match = re.match(r"\s*(-?\d+(?:\.\d+)?)", text)
+    return float(match.group(1)) if match else None
+
+
+def log10_error(output: str, answer: str) -> float:
+    """|log10(1 + |predicted|) - log10(1 + |true|)|; an answer that does not parse counts as 0."""
+    value, truth = _parse_number(output), float(answer)
+    guess = 0.0 if value is None else value
+    return abs(math.log10(1 + abs(guess)) - math.log10(1 + abs(truth)))
+
+
+def _right_padded(rows: List[List[int]], pad: int, width: int) -> torch.Tensor:
+    """[len(rows), width] tokens, each row's ids first and `pad` after them. Causal attention
+    keeps a row's real positions blind to the padding after them, so their logits are the
+    unpadded sequence's."""
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, ids in enumerate(rows):
+        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+@torch.no_grad()
+def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab) -> Scores:
+    """Teacher-forced digit hits on each answer and the greedy-decoded answer of each problem.
+    Problems go in batches of similar length, right-padded; decoding drops each answer once it
+    has ended. Leaves the model in train mode; draws no random numbers, so training goes on as
+    it would have."""
+    model.eval()
+    n = len(problems)
+    digit_ids = torch.tensor(vocab.digit_ids)
+    scores = Scores([0] * n, [0] * n, [0] * n, [0.0] * n, [""] * n)
+    prompts = [tok.encode(p["prompt"]) for p in problems]
+    answers = [tok.encode(p["answer"]) for p in problems]
+    order = sorted(range(n), key=lambda i: len(prompts[i]) + len(answers[i]))
+    for start in range(0, n, EVAL_BATCH):
+        rows = order[start : start + EVAL_BATCH]
+        seqs = [prompts[i] + answers[i] for i in rows]
+        full = _right_padded(seqs, tok.eod, max(map(len, seqs)))
+        predicted = _full_logits(model, full).argmax(-1)  # [b, s]
+        for row, i in enumerate(rows):
+            begin, end = len(prompts[i]), len(seqs[row])
+            targets = full[row, begin:end]
+            is_digit = torch.isin(targets, digit_ids)
+            hits = (predicted[row, begin - 1 : end - 1] == targets) & is_digit
+            scores.digits_correct[i] = int(hits.sum())
+            scores.digits_total[i] = int(is_digit.sum())
+    order = sorted(range(n), key=lambda i: len(prompts[i]))
+    for start in range(0, n, EVAL_BATCH):
+        rows = order[start : start + EVAL_BATCH]
+        lengths = torch.tensor([len(prompts[i]) for i in rows])
+        width = int(lengths.max()) + ANSWER_TOKENS
+        tokens = _right_padded([prompts[i] for i in rows], tok.eod, width)
+        active = torch.arange(len(rows))  # answers not ended yet
+        for _ in range(ANSWER_TOKENS):
+            upto = int(lengths[active].max())
+            logits = _full_logits(model, tokens[active, :upto])  # [a, upto, V]
+            next_ids = logits[torch.arange(len(active)), lengths[active] - 1].argmax(-1)
+            tokens[active, lengths[active]] = next_ids
+            lengths[active] += 1
+            active = active[next_ids != tok.eod]
+            if len(active) == 0:
+                break
+        for row, i in enumerate(rows):
+            generated = tokens[row, len(prompts[i]) : int(lengths[row])].tolist()
+            text = tok.decode([t for t in generated if t != tok.eod])
+            scores.outputs[i] = text
+            scores.exact[i] = int(text.strip() == problems[i]["answer"])
+            scores.log_error[i] = log10_error(text, problems[i]["answer"])
+    model.train()
+    return scores
+
+
+def summarize(scores: Scores, problems: List[dict], first: Optional[int] = None) -> Dict:
+    """The held-out metrics over the first `first` problems (all when None), each with its
+    standard error over the problems (digit accuracy with problems as the units: the digits of
+    one answer are not independent), and a few answers to read."""
+    k = len(scores.exact) if first is None else min(first, len(scores.exact))
+    correct, total = scores.digits_correct[:k], scores.digits_total[:k]
+    exact, log_error = scores.exact[:k], scores.log_error[:k]
+    return {
+        "digit_accuracy": sum(correct) / max(sum(total), 1),
+        "exact_accuracy": sum(exact) / max(k, 1),
+        "mean_abs_log10_error": sum(log_error) / max(k, 1),
+        "eval_problems": k,
+        "standard_errors": {
+            "digit_accuracy": ratio_standard_error(correct, total),
+            "exact_accuracy": standard_error(exact),
+            "mean_abs_log10_error": standard_error(log_error),
+        },
+        "samples": [
+            {"prompt": p["prompt"], "answer": p["answer"], "output": out}
+            for p, out in zip(problems[:SAMPLES], scores.outputs[:SAMPLES], strict=False)
+        ],
+    }
+
+
+def curve_point(step: int, summary: Dict, train_ce: float) -> Dict:
+    """One point of a run's learning curve: the held-out metrics of `summary` at `step`, and the
+    mean training CE since the previous point."""
+    point = {"step": step, "problems": summary["eval_problems"], "train_ce": train_ce}
+    point.update({key: summary[key] for key in METRIC_KEYS})
+    return point
+
+
+def curve_steps(steps: int, points: int) -> List[int]:
+    """The steps at which a run of `steps` steps scores its curve: `points` evenly spaced steps,
+    the last one `steps` (fewer when steps < points; none when points is 0)."""
+    if points <= 0:
+        return []
+    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
