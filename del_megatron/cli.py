@@ -1,7 +1,7 @@
 """`del-megatron`: check a tokenizer for DEL, prepare a number-rich Megatron dataset, and run
 the CPU demo (CE vs DEL).
 
-del-megatron check --tokenizer tok.model     # digit ids and the Megatron-LM flags to add
+del-megatron check --tokenizer tok.model     # digit ids, the alpha for it, the flags to add
 del-megatron prepare --out data/             # synthetic corpus, trained SentencePiece
 del-megatron demo --out runs/demo            # prepare + train CE and DEL (torchrun, TP=2)
 del-megatron compare --out runs/compare      # every loss x 5 seeds, means and 95% intervals
@@ -135,7 +135,7 @@ def _torchrun(nproc: int, argv: List[str]) -> List[str]:
 
 def _demo(args) -> int:
     from .demo.data import prepare
-    from .demo.report import plot, table, write_results
+    from .demo.report import curve_table, plot, table, write_results
 
     data_dir = os.path.join(args.out, "data")
     if not os.path.exists(os.path.join(data_dir, "meta.json")):
@@ -159,6 +159,7 @@ def _demo(args) -> int:
         return 0
     path = write_results(args.out, runs)
     png = plot(args.out, runs)
+    print(curve_table(runs))
     print(table(runs))
     print(f"wrote {path} and {png}")
     return 0
@@ -198,6 +199,7 @@ def _compare(args) -> int:
 
 # Settings `compare` sets per run (from --losses and --seeds), not flags of its own.
 COMPARE_SETS = ("alpha", "seed")
+PAPER_WEIGHT_DEL = TrainConfig.__dataclass_fields__["alpha"].default
 
 
 def _add_train_args(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
@@ -225,52 +227,108 @@ def _check_model_shape(parser: argparse.ArgumentParser, args, tp: Optional[int])
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .preflight import DEFAULT_ALPHA, SENTENCEPIECE
+
     parser = argparse.ArgumentParser(prog="del-megatron", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     positive = _number(int, POSITIVE)
+    seed = _number(int, NON_NEGATIVE)
 
     def data_args(p):
         p.add_argument(
             "--corpus",
             type=_existing("corpus", want_file=True),
             default=None,
-            help='JSONL with a "text" per line (default: synthetic)',
+            help='JSONL with a "text" per line (default: the seeded synthetic corpus)',
         )
         p.add_argument(
             "--tokenizer",
             type=_existing("tokenizer", want_file=False),
             default=None,
-            help="tokenizer file or folder (default: train SentencePiece)",
+            help="tokenizer file or folder (default: train a digit-splitting SentencePiece "
+            "model on the corpus)",
         )
-        p.add_argument("--num-docs", type=positive, default=20000)
-        p.add_argument("--num-eval", type=positive, default=1000, help="held-out problems")
+        p.add_argument(
+            "--num-docs",
+            type=positive,
+            default=20000,
+            help="synthetic training problems (default 20000; ignored with --corpus)",
+        )
+        p.add_argument(
+            "--num-eval", type=positive, default=1000, help="held-out problems (default 1000)"
+        )
 
     check = sub.add_parser(
-        "check", help="a tokenizer's digit ids for DEL, and the Megatron-LM flags to add"
+        "check",
+        help="a tokenizer's digit ids for DEL, the weight recommended for its family, and the "
+        "Megatron-LM flags to add",
+        description="Read a tokenizer as Megatron-LM would, report its digit and decimal-point "
+        "ids and whether numbers split one digit per token, name its family and the DEL weight "
+        f"recommended for it (the DEL paper's: {SENTENCEPIECE.alpha:g} for SentencePiece "
+        f"tokenizers like Llama-2, CodeLlama and Mistral 7B; {DEFAULT_ALPHA:g} for byte-level "
+        f"BPE like Qwen-2.5 and DeepSeek, and for families no paper run used), and print the "
+        "flags to add to pretrain_gpt.py. Exit status 1 when the tokenizer cannot serve DEL.",
     )
     check.add_argument(
         "--tokenizer",
         "--tokenizer-model",
         type=_existing("tokenizer", want_file=False),
         default=None,
-        help="tokenizer file or folder (Megatron-LM's --tokenizer-model)",
+        help="tokenizer file or folder (Megatron-LM's --tokenizer-model): SentencePiece "
+        ".model, .tiktoken, tekken JSON, tokenizer.json or a folder holding it",
     )
-    check.add_argument("--tokenizer-type", default=None, help="Megatron-LM's --tokenizer-type")
-    check.add_argument("--allow-multi-digit-tokens", action="store_true")
-    check.add_argument("--loss", default="del", choices=[n for n in LOSSES if n != "ce"])
-    check.add_argument("--alpha", type=_number(float, NON_NEGATIVE), default=0.01)
+    check.add_argument(
+        "--tokenizer-type",
+        default=None,
+        help="Megatron-LM's --tokenizer-type (e.g. HuggingFaceTokenizer, NullTokenizer)",
+    )
+    check.add_argument(
+        "--allow-multi-digit-tokens",
+        action="store_true",
+        help="accept a tokenizer that merges digits: DEL then applies to its single-digit "
+        "tokens only (adds --del-allow-multi-digit-tokens)",
+    )
+    check.add_argument(
+        "--loss",
+        default="del",
+        choices=[n for n in LOSSES if n != "ce"],
+        help="the numerical loss to print flags for (default del)",
+    )
+    check.add_argument(
+        "--alpha",
+        type=_number(float, NON_NEGATIVE),
+        default=None,
+        help="the weight to put in the flags (default: the one recommended for the "
+        f"tokenizer's family; --del-alpha itself defaults to {DEFAULT_ALPHA:g})",
+    )
     check.set_defaults(func=_check)
 
     prep = sub.add_parser("prepare", help="write the corpus as a Megatron indexed dataset")
-    prep.add_argument("--out", required=True)
-    prep.add_argument("--seed", type=_number(int, NON_NEGATIVE), default=1234)
+    prep.add_argument("--out", required=True, help="folder to write the dataset into")
+    prep.add_argument(
+        "--seed", type=seed, default=1234, help="seed of the synthetic corpus (default 1234)"
+    )
     data_args(prep)
     prep.set_defaults(func=_prepare)
 
-    demo = sub.add_parser("demo", help="train CE and DEL on CPU with torchrun and compare")
-    demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--losses", nargs="+", default=["ce", "del"], choices=LOSSES)
-    demo.add_argument("--nproc", type=positive, default=2, help="processes = tensor-parallel size")
+    demo = sub.add_parser(
+        "demo",
+        help="train CE and DEL on CPU with torchrun and compare",
+        description="Prepare the data (once), train one run per loss from the same seed "
+        "under torchrun (TP = --nproc, gloo), score the held-out problems during training and "
+        "at the end, and write results.json and results.png into --out.",
+    )
+    demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    demo.add_argument(
+        "--losses",
+        nargs="+",
+        default=["ce", "del"],
+        choices=LOSSES,
+        help="losses to train, one run each (default: ce del)",
+    )
+    demo.add_argument(
+        "--nproc", type=positive, default=2, help="processes = tensor-parallel size (default 2)"
+    )
     demo.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     data_args(demo)
     _add_train_args(demo)
@@ -280,12 +338,16 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="train every loss from the same seeds and compare them with 95%% intervals",
         description="Every loss in --losses from every seed in --seeds, on the same data, in "
-        "the same order; each run evaluated on the whole held-out set; per metric the mean "
-        "over seeds with a 95%% Student-t interval and the paired difference against ce. "
-        "A rerun skips finished runs. Weights: LOSS takes its paper setting (del 0.1, ntl_was "
-        "and ntl_mse 0.3, dist2 0.1); LOSS@W sets W (repeat a loss to sweep it).",
+        "the same order; each run scored on a fixed subset of the held-out problems during "
+        "training (the learning curves) and on all of them at the end; per metric the mean "
+        "over seeds with a 95% Student-t interval and the paired difference against ce. A "
+        "rerun skips finished runs and continues an unfinished one from its checkpoint. "
+        f"Weights: LOSS takes its paper setting (del {PAPER_WEIGHT_DEL:g}, ntl_was and ntl_mse "
+        "0.3, dist2 as del); LOSS@W sets W (repeat a loss to sweep it).",
     )
-    compare.add_argument("--out", default="runs/compare")
+    compare.add_argument(
+        "--out", default="runs/compare", help="output folder (default runs/compare)"
+    )
     compare.add_argument(
         "--losses",
         nargs="+",
@@ -295,22 +357,35 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"losses ({', '.join(LOSSES)}), each at its paper weight or @WEIGHT (default all)",
     )
     compare.add_argument(
-        "--seeds", nargs="+", type=_number(int, NON_NEGATIVE), default=[11, 22, 33, 44, 55]
+        "--seeds",
+        nargs="+",
+        type=seed,
+        default=[11, 22, 33, 44, 55],
+        help="seeds: each fixes the initial weights and the data order (default 11 22 33 44 55)",
     )
-    compare.add_argument("--nproc", type=positive, default=2, help="processes = TP size")
     compare.add_argument(
-        "--data-seed", type=_number(int, NON_NEGATIVE), default=1234, help="seed of the corpus"
+        "--nproc", type=positive, default=2, help="processes = tensor-parallel size (default 2)"
+    )
+    compare.add_argument(
+        "--data-seed", type=seed, default=1234, help="seed of the synthetic corpus (default 1234)"
     )
     data_args(compare)
     _add_train_args(compare, skip=COMPARE_SETS)
     compare.set_defaults(func=_compare)
 
     train = sub.add_parser("train", help="one training run (the torchrun worker)")
-    train.add_argument("--data-dir", required=True, type=_existing("data dir", want_file=False))
-    train.add_argument("--out-dir", required=True)
-    train.add_argument("--loss", default="del", choices=LOSSES)
-    train.add_argument("--resume", action="store_true")
-    train.add_argument("--no-progress", dest="progress", action="store_false")
+    train.add_argument(
+        "--data-dir",
+        required=True,
+        type=_existing("data dir", want_file=False),
+        help="a folder written by prepare",
+    )
+    train.add_argument("--out-dir", required=True, help="where metrics.json and checkpoints go")
+    train.add_argument("--loss", default="del", choices=LOSSES, help="the loss (default del)")
+    train.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    train.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar"
+    )
     _add_train_args(train)
     train.set_defaults(func=_train)
     return parser

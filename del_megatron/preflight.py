@@ -2,15 +2,84 @@
 
 Given a tokenizer file (what DigitVocab.from_tokenizer reads) or Megatron-LM's
 `--tokenizer-type` / `--tokenizer-model` pair, report the digit and decimal-point ids, whether
-numbers are split one digit per token, and the exact Megatron-LM flags to add.
+numbers are split one digit per token, the tokenizer's family with the DEL weight (alpha)
+recommended for it, and the Megatron-LM flags to add.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
-from .tokenizers import QWEN_PATTERN, digit_vocab_from_tokenizer, load_tokenizer
+from .tokenizers import QWEN_PATTERN, OffsetEncoding, digit_vocab_from_tokenizer, load_tokenizer
+
+# `--del-alpha`'s default (del_megatron/megatron/args.py): the smaller of the DEL paper's two
+# settings, for tokenizers the paper did not train with.
+DEFAULT_ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class AlphaAdvice:
+    """The DEL weight recommended for a tokenizer family, and where it comes from."""
+
+    family: str
+    alpha: float
+    source: str
+
+
+# docs/DEL.md: the DEL paper used alpha 0.1 in its CodeLlama and Mistral runs (SentencePiece
+# tokenizers that split digits) and 0.01 in its Qwen-2.5 and DeepSeek runs (byte-level BPE).
+SENTENCEPIECE = AlphaAdvice(
+    "SentencePiece (Llama-2, CodeLlama, Mistral 7B style)",
+    0.1,
+    "the DEL paper's CodeLlama and Mistral runs",
+)
+BYTE_LEVEL_BPE = AlphaAdvice(
+    "byte-level BPE (Qwen-2.5, DeepSeek style)",
+    0.01,
+    "the DEL paper's Qwen-2.5 and DeepSeek runs; its Qwen script did not divide the term by "
+    "its 32 gradient-accumulation steps, so the weight in effect there was about 0.32 "
+    "(docs/DEL.md)",
+)
+TEKKEN = AlphaAdvice(
+    "tekken (Mistral NeMo and later)",
+    DEFAULT_ALPHA,
+    "no paper run used this family: --del-alpha's default, the smaller paper setting",
+)
+UNKNOWN = AlphaAdvice(
+    "not recognised",
+    DEFAULT_ALPHA,
+    "no paper run is known for it: --del-alpha's default, the smaller paper setting",
+)
+
+
+def alpha_advice(tok: Any) -> AlphaAdvice:
+    """The family of a loaded tokenizer (load_tokenizer's result) and the weight for it."""
+    if hasattr(tok, "piece_to_id"):
+        return SENTENCEPIECE
+    if isinstance(tok, OffsetEncoding):
+        return TEKKEN
+    if hasattr(tok, "encode_ordinary"):  # a .tiktoken rank file: Qwen's format
+        return BYTE_LEVEL_BPE
+    if hasattr(tok, "to_str"):  # Hugging Face tokenizer.json
+        spec = tok.to_str()
+        if "ByteLevel" in spec:
+            return BYTE_LEVEL_BPE
+        # '▁' (U+2581, raw or escaped) marks word starts in a SentencePiece model converted to
+        # tokenizer.json (Llama-2's)
+        if "Metaspace" in spec or "\u2581" in spec or "\\u2581" in spec:
+            return SENTENCEPIECE
+    return UNKNOWN
+
+
+# NTL-WAS and NTL-MSE at their authors' recommended 0.3; DIST2 has none of its own: DEL's.
+OTHER_LOSS_WEIGHTS = {"ntl_was": 0.3, "ntl_mse": 0.3}
+
+
+def recommended_weight(loss: str, advice: AlphaAdvice) -> float:
+    """The weight `check` prints for `loss` with a tokenizer of `advice`'s family."""
+    return OTHER_LOSS_WEIGHTS.get(loss, advice.alpha)
+
 
 # Megatron-LM --tokenizer-type values whose --tokenizer-model is a file load_tokenizer reads.
 MEGATRON_TOKENIZER_TYPES = {
@@ -32,15 +101,18 @@ class Preflight:
     decimal_point_ids: List[int]
     digits_split: bool
     message: str
+    advice: AlphaAdvice = UNKNOWN
 
     @property
     def ok(self) -> bool:
         return self.digit_ids is not None
 
-    def flags(self, loss: str = "del", alpha: float = 0.01) -> str:
+    def flags(self, loss: str = "del", alpha: Optional[float] = None) -> str:
+        """The Megatron-LM flags; alpha None: the one recommended for the family."""
         if not self.ok:
             return ""
-        flags = [f"--numerical-loss {loss} --del-alpha {alpha}"]
+        alpha = recommended_weight(loss, self.advice) if alpha is None else alpha
+        flags = [f"--numerical-loss {loss} --del-alpha {alpha:g}"]
         flags.append("--del-digit-token-ids " + " ".join(map(str, self.digit_ids)))
         if self.decimal_point_ids:
             points = " ".join(map(str, self.decimal_point_ids))
@@ -90,15 +162,25 @@ def check_tokenizer(
         list(vocab.decimal_point_ids),
         split,
         f"{path}: numbers tokenize {how}",
+        alpha_advice(tok),
     )
 
 
-def report(result: Preflight, loss: str = "del", alpha: float = 0.01) -> str:
-    """The lines `del-megatron check` prints."""
+def report(result: Preflight, loss: str = "del", alpha: Optional[float] = None) -> str:
+    """The lines `del-megatron check` prints; alpha None: the family's recommended weight."""
     lines = [result.message]
     if result.ok:
+        advice = result.advice
         lines.append(f"digit ids ('0'..'9'): {' '.join(map(str, result.digit_ids))}")
         points = " ".join(map(str, result.decimal_point_ids)) or "none found"
         lines.append(f"decimal-point ids: {points}")
+        lines.append(f"tokenizer family: {advice.family}")
+        yours = "" if alpha is None else f" (the flags below use your --alpha {alpha:g})"
+        if loss in OTHER_LOSS_WEIGHTS:
+            why = f"{loss}'s authors' recommendation"
+        else:
+            why = advice.source if loss == "del" else f"DEL's: {advice.source}"
+        weight = recommended_weight(loss, advice)
+        lines.append(f"recommended --del-alpha {weight:g} for {loss}: {why}{yours}")
         lines.append(f"add to pretrain_gpt.py: {result.flags(loss, alpha)}")
     return "\n".join(lines)

