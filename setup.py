@@ -36,7 +36,9 @@ setup(
             "tqdm",
             "matplotlib",
         ],
-        "gpu": ["transformer-engine[pytorch]"],
+        # No Transformer Engine extra: del-megatron does not import it, and a PyPI build pulled in
+        # by `pip install del-megatron[...]` would replace the one NGC images (or docker/Dockerfile)
+        # build against their own torch. Megatron-LM's environment brings it (docker/README.md).
     },
     classifiers=[
         "Programming Language :: Python :: 3.11",
