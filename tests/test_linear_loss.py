@@ -132,5 +132,81 @@ def test_auto_weight_gradient_route_holds_the_smaller_buffers(
     from del_megatron.kernels.linear import resolve_weight_gradient
 
     assert resolve_weight_gradient("auto", tokens, local_vocab, hidden_size, dtype) == route
-    for forced in ("forward", "backward"):
+    for forced in ("forward", "backward") if dtype != torch.float16 else ("backward",):
         assert resolve_weight_gradient(forced, tokens, local_vocab, hidden_size, dtype) == forced
+
+
+@pytest.mark.parametrize(
+    "tokens, local_vocab, hidden_size", [(4096, V, 512), (16384, V, 2048), (32768, V // 8, 8192)]
+)
+def test_fp16_takes_the_backward_route_and_refuses_the_forward_one(
+    tokens, local_vocab, hidden_size
+):
+    """In fp16 the "forward" route's products, formed before the loss scale, could overflow where
+    the materialised path's do not: "auto" takes "backward" where bf16 takes "forward", and
+    "forward" asked for is refused, naming the way out."""
+    from del_megatron.kernels.linear import resolve_weight_gradient
+
+    args = (tokens, local_vocab, hidden_size)
+    assert resolve_weight_gradient("auto", *args, torch.bfloat16) == "forward"
+    assert resolve_weight_gradient("auto", *args, torch.float16) == "backward"
+    with pytest.raises(ValueError, match="in fp16 use the 'backward' route"):
+        resolve_weight_gradient("forward", *args, torch.float16)
+    hidden = torch.randn(5, 2, 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="before the loss scale is applied"):
+        dm.numerical_linear_loss(
+            hidden, torch.randn(64, 4, dtype=torch.float16), LABELS, CFG, weight_gradient="forward"
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("route", ["forward", "backward"])
+@pytest.mark.parametrize("loss_mask", [False, True])
+def test_a_weight_gradient_sink_takes_the_gradient_in_fp32(dtype, route, loss_mask):
+    """weight_gradient_into: the weight's gradient is added to the sink's fp32 accumulator (what
+    was there stays) and backward returns the sink's placeholder; the hidden's gradient is
+    unchanged. In fp32 the accumulator gets what autograd would have returned; in bf16, the
+    products formed in fp32 from the same bf16 gradient of the logits, which is closer to the
+    fp64 product than the bf16 gradient autograd returns."""
+    from del_megatron.kernels.linear import WeightGradientSink, weight_gradient_into
+
+    gen = torch.Generator().manual_seed(7)
+    hidden = torch.randn(16, 3, 32, generator=gen).to(dtype)
+    weight = (torch.randn(PADDED_VOCAB_SIZE, 32, generator=gen) / 4).to(dtype)
+    labels = torch.randint(0, PADDED_VOCAB_SIZE, (3, 16), generator=gen)
+    mask = (torch.rand(3, 16, generator=gen) > 0.2).float() if loss_mask else None
+    upstream = mask if loss_mask else torch.rand(3, 16, generator=gen)
+
+    def run(sink):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        if sink is not None:
+            sink = sink._replace(weight=w)
+        with weight_gradient_into(sink):
+            loss = dm.numerical_linear_loss(
+                h, w, labels, CFG, loss_mask=mask, weight_gradient=route, chunk_tokens=5
+            )
+        (loss * upstream).sum().backward()
+        return h.grad, w.grad
+
+    want_hidden, want_weight = run(None)
+    before = torch.randn(weight.shape, generator=gen)
+    accumulator, placeholder = before.clone(), torch.full(weight.shape, 7.0, dtype=dtype)
+    got_hidden, got_weight = run(WeightGradientSink(None, accumulator, lambda: placeholder))
+    assert torch.equal(got_hidden, want_hidden)
+    assert torch.equal(got_weight, placeholder)
+    added = accumulator - before
+    if dtype == torch.float32:
+        torch.testing.assert_close(added, want_weight, rtol=1e-5, atol=1e-6)
+    else:
+        exact = run_fp64_weight_gradient(hidden, weight, labels, mask, upstream)
+        ours, rounded = (added - exact).abs().max(), (want_weight.double() - exact).abs().max()
+        assert ours < rounded, (ours, rounded)
+
+
+def run_fp64_weight_gradient(hidden, weight, labels, mask, upstream):
+    """The weight's gradient through the materialised path in fp64 from the same inputs."""
+    h, w = hidden.double(), weight.double().requires_grad_(True)
+    logits = torch.matmul(h, w.t())
+    loss = dm.numerical_lm_loss(labels, logits, CFG)
+    (loss * upstream.double()).sum().backward()
+    return w.grad

@@ -35,7 +35,7 @@ import os
 import sys
 import sysconfig
 import types
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterator, List
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -326,6 +326,26 @@ def activate() -> None:
             del after_import[name]
     if after_import:
         sys.meta_path.insert(0, _AfterImport(after_import))
+
+
+@contextlib.contextmanager
+def torch_cuda_on_cpu() -> Iterator[None]:
+    """What activate() changes in torch (device="cuda" -> CPU, torch.cuda's runtime calls ->
+    no-ops), for the duration of the block only and on this thread: Megatron-Core's optimizers
+    and DDP buckets (scalars made on "cuda", streams) in a process that runs other work too
+    (the test workers). Nothing when CUDA is available."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = {name: getattr(torch.cuda, name) for name in CUDA_RUNTIME_ON_CPU}
+    for name, replacement in CUDA_RUNTIME_ON_CPU.items():
+        setattr(torch.cuda, name, replacement)
+    try:
+        with CudaOnCpu():
+            yield
+    finally:
+        for name, original in saved.items():
+            setattr(torch.cuda, name, original)
 
 
 def site_dir() -> str:

@@ -19,6 +19,11 @@ The gradients take one of two routes (plan.weight_gradient):
 than the "backward" route's (always in fp32; in bf16 while h <= N/8, and past that when N is
 large beside V/tp; resolve_weight_gradient).
 
+A caller that keeps its own fp32 gradient accumulator for the weight (Megatron's main_grad under
+gradient-accumulation fusion) hands it over with `weight_gradient_into(...)`: backward then adds
+the weight's gradient there, its products formed in the accumulator's dtype (never rounded to the
+weight's), and returns what the caller's protocol asks for in place of the gradient.
+
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
 tensor-parallel group, as Megatron's ColumnParallelLinear does.
@@ -26,9 +31,11 @@ tensor-parallel group, as Megatron's ColumnParallelLinear does.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 from dataclasses import replace
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import Callable, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -62,6 +69,41 @@ SCALE_TOLERANCE = 32
 
 WEIGHT_GRADIENTS = ("auto", "forward", "backward")
 
+FP16_FORWARD = (
+    "the 'forward' weight-gradient route forms its gradient products in forward, before the "
+    "loss scale is applied, and in fp16 they can overflow where the materialised path's do not "
+    "(a dynamic loss scale cannot cure that); in fp16 use the 'backward' route (what 'auto' "
+    "takes), or bf16"
+)
+
+
+class WeightGradientSink(NamedTuple):
+    """Where backward puts the weight's gradient instead of returning it: `accumulator`
+    [V/tp, h] (the caller's, e.g. Megatron's fp32 main_grad) gets it added, and backward
+    returns `returned()` as the weight's gradient (None, or a placeholder the caller's protocol
+    wants). `weight` is the tensor whose gradient it takes."""
+
+    weight: torch.Tensor
+    accumulator: torch.Tensor
+    returned: Callable[[], Optional[torch.Tensor]]
+
+
+_weight_gradient_sink: contextvars.ContextVar = contextvars.ContextVar(
+    "del_megatron_weight_gradient_sink", default=None
+)
+
+
+@contextlib.contextmanager
+def weight_gradient_into(sink: Optional[WeightGradientSink]) -> Iterator[None]:
+    """The LinearDigitCrossEntropy calls made inside (with sink.weight as their weight) put
+    that weight's gradient into sink.accumulator in backward (WeightGradientSink). None: no
+    sink (the gradient is returned as usual)."""
+    token = _weight_gradient_sink.set(sink)
+    try:
+        yield
+    finally:
+        _weight_gradient_sink.reset(token)
+
 
 def _slab(extent: int, across: int) -> int:
     """How much of `extent` one piece takes: LINEAR_CHUNK_BYTES of fp32 [piece, across] at most,
@@ -88,9 +130,14 @@ def resolve_weight_gradient(
     of them, beside they stay within a quarter), or no larger than the "backward" route's: its
     gradient [V/tp, h] and its accumulator (and copy) for grad_hidden [N, h]. In fp32 that is
     always "forward" (its accumulator is the gradient itself); in bf16, "backward" for
-    h > N/8 unless N is large beside V/tp."""
+    h > N/8 unless N is large beside V/tp. In fp16 always "backward"; "forward" is refused
+    there (FP16_FORWARD)."""
     if requested not in WEIGHT_GRADIENTS:
         raise ValueError(f"weight_gradient must be one of {WEIGHT_GRADIENTS}, got {requested!r}")
+    if dtype == torch.float16:
+        if requested == "forward":
+            raise ValueError(FP16_FORWARD)
+        return "backward"
     if requested != "auto":
         return requested
     size = dtype.itemsize
@@ -161,6 +208,8 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
+        sink = _weight_gradient_sink.get()
+        sink = sink if sink is not None and sink.weight is weight else None
         early = None
         if plan.ce_weights is not None and plan.weight_gradient == "forward":
             early = _EarlyGradients.new(hidden, weight, plan)
@@ -187,7 +236,12 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                     None,
                 )
                 _add_chunk_gradients_(
-                    logits, hidden[part], weight, early.grad_hidden[part], early.grad_weight
+                    logits,
+                    hidden[part],
+                    weight,
+                    early.grad_hidden[part],
+                    early.grad_weight,
+                    sink is not None,
                 )
             del logits
         # What backward's recomputed logits take the target and digit columns' gradient from.
@@ -197,7 +251,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         )
         # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
         # them (a second backward recomputes).
-        ctx.plan, ctx.early = plan, early
+        ctx.plan, ctx.early, ctx.sink = plan, early, sink
         ctx.set_materialize_grads(False)
         return ce, digit_logits
 
@@ -207,20 +261,25 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             ctx.saved_tensors
         )
         plan, rows, early, grads = ctx.plan, TargetRows(*saved_rows), ctx.early, None
+        sink = ctx.sink
         saved = _BackwardInputs(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
         ctx.early = None
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
             if scale is not None:
-                grads = early.scaled_(scale, grad_digits, hidden, weight, plan)
+                grads = early.scaled_(scale, grad_digits, hidden, weight, plan, sink is not None)
             else:
                 warnings.warn(NOT_PROPORTIONAL, stacklevel=2)
             del early
         if grads is None:
             recomputed = _recomputed_gradients if plan.weight_gradient == "forward" else _by_tile
-            grads = recomputed(hidden, weight, saved, grad_ce, grad_digits)
+            grads = recomputed(hidden, weight, saved, grad_ce, grad_digits, sink)
         grad_hidden, grad_weight = grads
         plan.shard.all_reduce(grad_hidden, dist.ReduceOp.SUM)
+        if sink is not None:
+            if grad_weight is not None:  # _by_tile added it already
+                sink.accumulator.add_(grad_weight)
+            return grad_hidden, sink.returned(), None, None
         return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
@@ -243,9 +302,11 @@ def _recomputed_gradients(
     saved: _BackwardInputs,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
+    sink: Optional[WeightGradientSink] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
-    (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype."""
+    (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype (its
+    products formed in that dtype when a sink takes it)."""
     shift, log_sum_exp, rows, plan, (target_prob, forward_digits) = saved
     step = plan.chunk_tokens
     _, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
@@ -269,7 +330,9 @@ def _recomputed_gradients(
             None if grad_digits is None else grad_digits[part],
             (target_prob[part], forward_digits[part]),
         )
-        _add_chunk_gradients_(logits, hidden[part], weight, grad_hidden[part], grad_weight)
+        _add_chunk_gradients_(
+            logits, hidden[part], weight, grad_hidden[part], grad_weight, sink is not None
+        )
         del logits
     return grad_hidden, grad_weight
 
@@ -280,17 +343,21 @@ def _by_tile(
     saved: _BackwardInputs,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    sink: Optional[WeightGradientSink] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The "backward" route: each vocab tile of the logits [N, t] multiplied out again, turned
     in place into its gradient and multiplied into its rows of grad_weight [V/tp, h] (the
     weight's dtype, written once: one matmul over all N rows, as the materialised output layer
-    forms it) and into this rank's share of grad_hidden [N, h] (summed over the tiles in the
+    forms it; with a sink, added to the sink's accumulator in its dtype instead, and None
+    returned) and into this rank's share of grad_hidden [N, h] (summed over the tiles in the
     compute dtype; over the group by the caller)."""
     shift, log_sum_exp, rows, plan, forward_values = saved
     n, local_vocab = hidden.size(0), weight.size(0)
     tile = default_tile_columns(local_vocab, n)
     _, second_pass, sub_step = chunk_passes(hidden, tile, n)
-    grad_weight = torch.empty_like(weight)
+    grad_weight = torch.empty_like(weight) if sink is None else None
+    # The sink's products are formed in its dtype: hidden converted once, not per tile.
+    hidden_for_sink = None if sink is None else hidden.to(sink.accumulator.dtype)
     grad_hidden = torch.zeros(hidden.shape, dtype=shift.dtype, device=hidden.device)
     for start in range(0, local_vocab, tile):
         end = min(start + tile, local_vocab)
@@ -309,24 +376,36 @@ def _by_tile(
             grad_digits,
             forward_values,
         )
-        torch.matmul(logits.t(), hidden, out=grad_weight[start:end])
+        if sink is None:
+            torch.matmul(logits.t(), hidden, out=grad_weight[start:end])
+        else:
+            _add_product_(sink.accumulator[start:end], logits.t(), hidden_for_sink, exact=True)
         _add_product_(grad_hidden, logits, weight[start:end])
         del logits
     return grad_hidden.to(hidden.dtype), grad_weight
 
 
-def _add_product_(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def _add_product_(
+    accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor, exact: bool = False
+) -> None:
     """accumulator [m, h] += a [m, k] @ b [k, h] (grad_hidden from a vocab tile; grad_weight
     from a chunk's gradient, a = grad.t()). In one dtype, addmm_ needs no temporary; otherwise
     the product is formed WEIGHT_SLICE_BYTES of it at a time, not [m, h] whole beside the
-    accumulator."""
-    if a.dtype == accumulator.dtype:
+    accumulator: in a's dtype, or with `exact` in the accumulator's (as a GEMM with fp32
+    output, e.g. Megatron's fused weight-gradient accumulation; a and b are converted a slice
+    at a time, b once: torch has no fp32-output matmul of bf16 inputs on every device)."""
+    if a.dtype == accumulator.dtype and b.dtype == accumulator.dtype:
         accumulator.addmm_(a, b)
         return
+    if exact:
+        b = b.to(accumulator.dtype)
     rows = max(1, WEIGHT_SLICE_BYTES // (b.size(1) * b.element_size()))
     for start in range(0, accumulator.size(0), rows):
         part = slice(start, start + rows)
-        accumulator[part].add_(torch.matmul(a[part], b))
+        if exact:
+            accumulator[part].addmm_(a[part].to(accumulator.dtype), b)
+        else:
+            accumulator[part].add_(torch.matmul(a[part], b))
 
 
 def _add_chunk_gradients_(
@@ -335,11 +414,13 @@ def _add_chunk_gradients_(
     weight: torch.Tensor,
     grad_hidden: torch.Tensor,
     grad_weight: torch.Tensor,
+    exact: bool = False,
 ) -> None:
     """A chunk's gradient of the logits grad [c, V/tp] (the hidden's dtype) into its rows of
-    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added)."""
+    grad_hidden [c, h] (written) and into the accumulator grad_weight [V/tp, h] (added; with
+    `exact` its product formed in the accumulator's dtype, _add_product_)."""
     torch.matmul(grad, weight, out=grad_hidden)
-    _add_product_(grad_weight, grad.t(), hidden)
+    _add_product_(grad_weight, grad.t(), hidden, exact)
 
 
 class _EarlyGradients(NamedTuple):
@@ -381,16 +462,23 @@ class _EarlyGradients(NamedTuple):
         hidden: torch.Tensor,
         weight: torch.Tensor,
         plan: KernelPlan,
+        exact: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, 10];
-        scales the accumulator in place (it is spent)."""
+        scales the accumulator in place (it is spent). exact: the digit columns' product is
+        formed in the accumulator's dtype too."""
         grad_weight = self.grad_weight.mul_(scale)
         grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
         if grad_digits is not None and plan.digits.columns:
             columns = list(plan.digits.columns)
             digit_grad = grad_digits[:, list(plan.digits.digits)].to(hidden.dtype)
             grad_hidden.add_(torch.matmul(digit_grad, weight[columns]))
-            grad_weight[columns] += torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
+            if exact:
+                dtype = grad_weight.dtype
+                product = torch.matmul(digit_grad.t().to(dtype), hidden.to(dtype))
+            else:
+                product = torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
+            grad_weight[columns] += product
         return grad_hidden, grad_weight
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ..kernels.linear import resolve_weight_gradient
+from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
 from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
 from ..vocab import DigitVocab
 from . import logits_free as lf
@@ -327,6 +327,7 @@ def _logits_free_loss(
     cfg = _resolve_cfg(module)
     _check_digit_ids(cfg)
     lf.check_no_logit_scaling(module.config)
+    lf.run_forward_pre_hooks(output_layer, hidden_states)
     weight = lf.output_weight(output_layer, output_weight)
     tp_group = _model_tp_group(module)
     tp_group = tp_group if dist.get_world_size(tp_group) > 1 else None
@@ -344,19 +345,20 @@ def _logits_free_loss(
         hidden_size,
         weight.size(0),
     )
-    parts = numerical_linear_loss(
-        hidden_states,
-        weight,
-        labels,
-        replace(cfg, reduction="token"),
-        tp_group,
-        return_parts=True,
-        cp_group=_cp_group(module),
-        cu_seqlens=_cu_seqlens(),
-        sequence_parallel=sequence_parallel,
-        loss_mask=loss_mask,
-        weight_gradient=route,
-    )
+    with weight_gradient_into(lf.main_grad_sink(output_layer, weight)):
+        parts = numerical_linear_loss(
+            hidden_states,
+            weight,
+            labels,
+            replace(cfg, reduction="token"),
+            tp_group,
+            return_parts=True,
+            cp_group=_cp_group(module),
+            cu_seqlens=_cu_seqlens(),
+            sequence_parallel=sequence_parallel,
+            loss_mask=loss_mask,
+            weight_gradient=route,
+        )
     return _token_loss(parts, cfg)
 
 

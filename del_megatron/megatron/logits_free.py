@@ -13,12 +13,13 @@ weight gradient's route ("forward", "backward"; kernels/linear.py).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Optional, Union
 
 import torch
 
-from ..kernels.linear import WEIGHT_GRADIENTS
+from ..kernels.linear import WEIGHT_GRADIENTS, WeightGradientSink
 
 MIN_CORE = (0, 18)
 FIELD_LOGITS_FREE = "del_logits_free"
@@ -74,6 +75,56 @@ def output_weight(output_layer: Any, shared_weight: Optional[torch.Tensor]) -> t
     if weight is None:
         raise ValueError("the output layer has no weight and none was passed to it")
     return weight
+
+
+def run_forward_pre_hooks(output_layer: Any, hidden_states: torch.Tensor) -> None:
+    """Run the output layer's own forward pre-hooks, as calling the layer would, before the
+    logits-free loss reads its weight. Megatron's DDP waits there for the weight's all-gather
+    under --overlap-param-gather (and dispatches the next bucket's); skipped, the weight would
+    be read mid-gather and the next step would stop on `param_gather_handle is None`. A hook
+    that would replace the layer's input is refused: the logits-free loss could not apply it."""
+    args = (hidden_states,)
+    for key, hook in list(output_layer._forward_pre_hooks.items()):
+        if key in output_layer._forward_pre_hooks_with_kwargs:
+            result = hook(output_layer, args, {})
+        else:
+            result = hook(output_layer, args)
+        if result is not None:
+            name = getattr(hook, "__qualname__", repr(hook))
+            raise ValueError(
+                f"the output layer's forward pre-hook {name} changes the layer's input, which "
+                "the logits-free loss cannot apply; drop --del-logits-free or that hook"
+            )
+
+
+def main_grad_sink(output_layer: Any, weight: torch.Tensor) -> Optional[WeightGradientSink]:
+    """Megatron's gradient-accumulation fusion, on the logits-free route (None when the output
+    layer does not use it, or the weight has no main_grad: then autograd carries the gradient).
+
+    With fusion, Megatron's output layer adds its weight gradient straight into the fp32
+    `weight.main_grad` (formed in fp32) and, when DDP tracks the weight
+    (`grad_added_to_main_grad`), sets that flag and returns a placeholder gradient: zeros when
+    the weight is shared on this stage (`zero_out_wgrad`, the embedding under MTP or tied
+    weights), else uninitialised; without DDP it returns None. DDP's hook then skips
+    `param.grad` for a flagged weight, so a real gradient returned beside an MTP head's
+    placeholder would be dropped. The logits-free loss follows the same protocol."""
+    if not getattr(output_layer, "gradient_accumulation_fusion", False):
+        return None
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        return None
+    return WeightGradientSink(weight, main_grad, functools.partial(_fused_placeholder, weight))
+
+
+def _fused_placeholder(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """What Megatron's fused weight-gradient path returns for `weight` once it has added the
+    gradient to main_grad (tensor_parallel/layers.py), flag included."""
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    placeholder = make(weight.main_grad.shape, dtype=weight.dtype, device=weight.device)
+    weight.grad_added_to_main_grad = True
+    return placeholder
 
 
 def check_no_logit_scaling(config: Any) -> None:
