@@ -4,9 +4,11 @@
 #                                                        megatron-core 0.16.1
 #   bash examples/setup_env.sh py312    .venv312         Python 3.12, torch 2.14.1 (CUDA build, runs
 #                                                        on CPU), megatron-core 0.19.2
-#   bash examples/setup_env.sh bridge   .venv312-bridge  .venv312 plus megatron-bridge 0.6.2 and
+#   bash examples/setup_env.sh bridge   .venv312-bridge  .venv312 plus megatron-bridge 0.6.2,
 #                                                        nemo_toolkit 2.7.0 (and what they import)
-# Pins: tests/requirements-cpu.txt, tests/requirements-py312.txt, tests/requirements-bridge.txt.
+#                                                        and nvidia-resiliency-ext 0.7.0
+# Pins: tests/requirements-cpu.txt, tests/requirements-py312.txt, tests/requirements-bridge.txt,
+# tests/requirements-nvrx.txt.
 # The bridge environment is a layer over .venv312 (its site-packages are on the path through a
 # .pth file), so that Megatron-LM runs in .venv312 do not import what Bridge and NeMo bring:
 # Megatron-LM imports nvidia-modelopt whenever it is installed (11 s in every process).
@@ -17,7 +19,8 @@ case "${1:-py311}" in
   py311) version=3.11 venv=.venv requirements=tests/requirements-cpu.txt ;;
   py312) version=3.12 venv=.venv312 requirements=tests/requirements-py312.txt ;;
   bridge) bash "$0" py312
-    version=3.12 venv=.venv312-bridge requirements=tests/requirements-bridge.txt ;;
+    version=3.12 venv=.venv312-bridge requirements=tests/requirements-bridge.txt
+    nvrx=tests/requirements-nvrx.txt ;;
   *) echo "usage: $0 [py311|py312|bridge]" >&2; exit 2 ;;
 esac
 
@@ -38,7 +41,8 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-$(find_python "$version")}" -m venv "$venv"
 fi
 stamp=$venv/.del-megatron-installed
-if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+    || [ "${nvrx:-$requirements}" -nt "$stamp" ]; then
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   if [ "$venv" = .venv312-bridge ]; then
     base=$(.venv312/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -47,6 +51,13 @@ if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$sta
     # Megatron-Bridge and NeMo, pinned with what they import on CPU; their own requirements
     # (Transformer Engine, CUDA-only packages) cannot install here.
     "${pip[@]}" --no-deps -r "$requirements"
+    # NVRx 0.7.0 exists only as a manylinux_2_39 wheel (glibc 2.39); this machine may have an
+    # older glibc. Only its CUPTI module is compiled, imported only for straggler detection
+    # (tests/requirements-nvrx.txt): pip installs the published wheel, hash-checked, for the
+    # platform named here, into this environment's site-packages.
+    "${pip[@]}" --no-deps --only-binary=:all: --platform manylinux_2_39_x86_64 \
+      --python-version 3.12 --implementation cp --abi cp312 --target "$own" --upgrade \
+      --require-hashes -r "$nvrx"
   else
     # torch first and exactly pinned, so nothing after it can pull another build.
     "${pip[@]}" "$(grep -E '^torch==' "$requirements")"
