@@ -13,7 +13,9 @@ from del_megatron.ports import free_port
 
 # A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
 TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
-TRAIN = (TRAIN + " --save-interval 6 --warmup 4 --lr 0.005").split()
+TRAIN = (
+    TRAIN + " --save-interval 6 --warmup 4 --lr 0.005 --curve-points 3 --curve-problems 4"
+).split()
 DATA = "--num-docs 2000 --num-eval 16".split()
 
 
@@ -48,12 +50,16 @@ def test_quick_demo_learns_and_reports_every_metric(quick_demo):
         assert last < 0.8 * first, (loss, first, last)
         for key in ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error"):
             assert isinstance(run[key], float) and run[key] >= 0, key
+        # the learning curve: 4 of the 8 held-out problems at steps 8, 16 and 24
+        assert [(p["step"], p["problems"]) for p in run["curve"]] == [(8, 4), (16, 4), (24, 4)]
+        assert run["curve"][1]["train_ce"] == pytest.approx(sum(h["ce"] for h in history[8:16]) / 8)
     assert results["runs"]["ce"]["history"][0]["loss"] == pytest.approx(
         results["runs"]["ce"]["history"][0]["ce"]
     )
     assert results["runs"]["del"]["history"][0]["loss"] > results["runs"]["del"]["history"][0]["ce"]
     assert (out / "results.png").stat().st_size > 10_000
     assert "digit acc" in proc.stdout and "exact answer" in proc.stdout
+    assert "digit accuracy during training" in proc.stdout
     assert (out / "data" / "corpus_text_document.bin").exists()
 
 
@@ -108,9 +114,17 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
     unstopped = json.loads((out / "del" / "metrics.json").read_text())["history"]
     assert [h["step"] for h in resumed] == list(range(1, 25))
     assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in unstopped], rel=1e-5)
+    # the curve point scored before the stop (step 8) came back from the checkpoint
+    curve = json.loads((stopped / "metrics.json").read_text())["curve"]
+    unstopped_curve = json.loads((out / "del" / "metrics.json").read_text())["curve"]
+    assert [p["step"] for p in curve] == [8, 16, 24]
+    assert [p["train_ce"] for p in curve] == pytest.approx(
+        [p["train_ce"] for p in unstopped_curve], rel=1e-5
+    )
 
 
 TOY = "--steps 6 --micro-batch 4 --seq-len 32 --hidden 64 --heads 4 --warmup 1 --save-interval 3"
+TOY += " --curve-points 2 --curve-problems 6"
 TOY_DATA = "--num-docs 400 --num-eval 12"
 
 
@@ -138,6 +152,22 @@ def test_compare_command_at_toy_size(tmp_path):
     expected = [d - c for d, c in zip(del_digit["per_seed"], ce_digit["per_seed"], strict=True)]
     assert del_digit["difference"]["mean"] == pytest.approx(sum(expected) / 2)
     assert all(se is not None and se >= 0 for se in del_digit["standard_errors"])
+    curve = record["curves"]["del@0.5"]["digit_accuracy"]
+    assert curve["steps"] == [3, 6]
+    ends = [
+        json.loads((out / f"seed-{seed}" / arm / "metrics.json").read_text())["curve"][-1]
+        for arm in ("ce", "del@0.5")
+        for seed in (3, 4)
+    ]
+    assert curve["difference"]["mean"][-1] == pytest.approx(
+        (
+            ends[2]["digit_accuracy"]
+            + ends[3]["digit_accuracy"]
+            - ends[0]["digit_accuracy"]
+            - ends[1]["digit_accuracy"]
+        )
+        / 2
+    )
     assert (out / "compare.png").stat().st_size > 10_000
     assert "| del@0.5 |" in (out / "compare.md").read_text()
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
