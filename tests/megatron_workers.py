@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -135,9 +136,34 @@ def check_register_cycle(tp: int) -> None:
         dmm.unregister()
 
 
+@contextlib.contextmanager
+def captured_log():
+    """The del_megatron log records (INFO and up) made inside the block."""
+    records, handler, logger = [], logging.Handler(), logging.getLogger("del_megatron")
+    handler.emit = lambda record: records.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _fused_gpt(tp: int, impl: str):
+    """build_gpt with cross_entropy_loss_fusion and `impl` (set after the config is made: core
+    0.19's TransformerConfig refuses 'te' itself)."""
+    model = build_gpt(tp, config_kwargs=dict(cross_entropy_loss_fusion=True))
+    model.config.cross_entropy_fusion_impl = impl
+    return model
+
+
 def check_config_fields_and_fusion_modes(tp: int) -> None:
     """cfg=None reads the model config's fields; a model config without them keeps Megatron's
-    loss; fused 'native'/'te' are replaced (logged once); any other impl is refused."""
+    loss; fused 'native'/'te' are replaced (logged once a registration, saying what replaces
+    them and, for TE's in-place kernel, at what memory); any other impl is refused the first
+    time the hook sees the model."""
     tokens, labels, positions = number_batch(2, seed=4)
     model = build_gpt(tp)
     megatron_loss = model(tokens, positions, None, labels=labels)
@@ -147,28 +173,31 @@ def check_config_fields_and_fusion_modes(tp: int) -> None:
         for name, value in dmm.config_fields(CFG).items():
             setattr(model.config, name, value)
         from_fields = model(tokens, positions, None, labels=labels)
+    finally:
         dmm.unregister()
+    said = {}
+    for impl in ("native", "te"):
         dmm.register(CFG)
-        torch.testing.assert_close(from_fields, model(tokens, positions, None, labels=labels))
-
-        model.config.cross_entropy_loss_fusion = True
-        records = []
-        handler = logging.Handler()
-        handler.emit = records.append
-        logging.getLogger("del_megatron").addHandler(handler)
-        for impl in ("native", "te"):
-            model.config.cross_entropy_fusion_impl = impl
-            torch.testing.assert_close(model(tokens, positions, None, labels=labels), from_fields)
-        logging.getLogger("del_megatron").removeHandler(handler)
-        assert len([r for r in records if "replaced" in r.getMessage()]) <= 1
-
-        model.config.cross_entropy_fusion_impl = "linear"
         try:
-            model(tokens, positions, None, labels=labels)
-        except ValueError as exc:
-            assert "cross_entropy_fusion_impl='linear'" in str(exc), exc
-        else:
-            raise AssertionError("an impl that bypasses the loss hook was not refused")
+            torch.testing.assert_close(from_fields, model(tokens, positions, None, labels=labels))
+            with captured_log() as records:
+                for _ in range(2):
+                    fused = _fused_gpt(tp, impl)
+                    loss = fused(tokens, positions, None, labels=labels)
+                    torch.testing.assert_close(loss, from_fields)
+        finally:
+            dmm.unregister()
+        said[impl] = [r for r in records if "fused cross-entropy" in r]
+        assert len(said[impl]) == (1 if dist.get_rank() == 0 else 0), said[impl]
+    if dist.get_rank() == 0:
+        assert "impl 'native'" in said["native"][0], said
+        assert "Transformer Engine" in said["te"][0], said
+        assert "one more [s, b, V/tp] buffer than TE's" in said["te"][0], said
+        assert not any("same passes" in line for lines in said.values() for line in lines)
+    dmm.register(CFG)
+    try:
+        with pytest.raises(ValueError, match="cross_entropy_fusion_impl='linear'"):
+            _fused_gpt(tp, "linear")(tokens, positions, None, labels=labels)
     finally:
         dmm.unregister()
 
@@ -585,3 +614,60 @@ def check_logits_free_under_cp() -> None:
         results.append(_loss_and_grads(model, logits_free, args, local["labels"], upstream))
     _assert_same_training_signal(results[1], results[0], "cp 2")
     assert results[1][2] == 0
+
+
+# (config field, value, logits_free, what the message names); set on a model's config after it
+# is built (TransformerConfig validates some of them against settings a CPU run lacks).
+FIRST_SIGHT_REFUSALS = [
+    ("cuda_graph_impl", "full_iteration", False, "--cuda-graph-impl full_iteration"),
+    ("overlap_moe_expert_parallel_comm", True, False, "--overlap-moe-expert-parallel-comm"),
+    ("defer_embedding_wgrad_compute", True, True, "--defer-embedding-wgrad-compute"),
+    ("fp16", True, "forward", "--fp16 with --del-logits-free forward"),
+]
+
+
+def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
+    """A model config that register() could not see (Bridge providers, NeMo, models built by
+    hand) is checked the first time the hook sees the model, before any loss: in its forward,
+    or in compute_language_model_loss called outside it (the combined 1F1B schedule's
+    post-process, where the message names the flag, not a model class); an output weight FSDP
+    shards is refused for logits-free. The check runs once a model, not per call."""
+    from del_megatron.megatron import support
+
+    tokens, labels, positions = number_batch(2, seed=31)
+    for field, value, logits_free, named in FIRST_SIGHT_REFUSALS:
+        if logits_free and _refused_by_this_core():
+            continue
+        model = build_gpt(tp)
+        setattr(model.config, field, value)
+        logits = build_gpt(tp)(tokens, positions, None).transpose(0, 1).contiguous()
+        for call in ("forward", "compute_language_model_loss"):
+            dmm.register(CFG, logits_free=logits_free)  # a fresh registration: unchecked
+            try:
+                with pytest.raises(ValueError, match=named):
+                    if call == "forward":
+                        model(tokens, positions, None, labels=labels)
+                    else:
+                        model.compute_language_model_loss(labels, logits)
+            finally:
+                dmm.unregister()
+    if not _refused_by_this_core():
+        model = build_gpt(tp)
+        model.output_layer.weight.__fsdp_param__ = True  # what Megatron-FSDP marks
+        dmm.register(CFG, logits_free=True)
+        try:
+            with pytest.raises(ValueError, match="sharded by FSDP"):
+                model(tokens, positions, None, labels=labels)
+        finally:
+            dmm.unregister()
+    calls, check = [], support.check_settings
+    support.check_settings = lambda *args: calls.append(args) or check(*args)
+    model = build_gpt(tp)
+    dmm.register(CFG)
+    try:
+        for _ in range(3):
+            model(tokens, positions, None, labels=labels)
+    finally:
+        dmm.unregister()
+        support.check_settings = check
+    assert len(calls) == 1, calls

@@ -42,6 +42,8 @@ from .hook import (
 )
 from .lm import counted, process_groups, unwrapped_model
 from .logits_free import set_on_model_config as set_logits_free
+from .logits_free import weight_gradient_of
+from .support import check_logits_free
 from .telemetry import apply_to_loss
 
 __all__ = [
@@ -107,8 +109,10 @@ def enable_numerical_loss(
     The digit ids come from `vocab`, else from `tokenizer` (a Bridge/Megatron, Hugging Face,
     SentencePiece or tiktoken tokenizer, or a tokenizer file), else from the ConfigContainer's
     own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
-    applies DEL to single-digit tokens only). A fused cross-entropy that would bypass the loss
-    hook (`cross_entropy_fusion_impl` other than native/te) is refused here, before training.
+    applies DEL to single-digit tokens only). Settings del_megatron cannot train with (a fused
+    cross-entropy that bypasses the loss hook, full-iteration CUDA graphs, the combined 1F1B
+    schedule; with logits_free, deferred embedding wgrad, FSDP on a ConfigContainer's ddp, fp16
+    with the "forward" route) are refused here, before training (support.py).
 
     With reduction="digit", pass Bridge's forward step through `numerical_forward_step`: it
     counts each step's digit targets (over all micro-batches and data-parallel ranks) on the
@@ -132,7 +136,11 @@ def enable_numerical_loss(
     size = _vocab_size(config)
     if size is not None:
         vocab.check_vocab_size(size)
-    check_model_config(config)
+    route = weight_gradient_of(logits_free)
+    check_model_config(config, route)
+    ddp = getattr(target, "ddp", None)  # a ConfigContainer's DistributedDataParallelConfig
+    if ddp is not None and route is not None:
+        check_logits_free(ddp, route)
     # Plain attributes, not dataclass fields: Bridge's run_config.yaml, ModelConfig.as_dict and
     # the HF export serialise fields only, and deepcopy keeps instance attributes.
     for name, value in config_fields(cfg).items():
@@ -168,11 +176,13 @@ def step_accounting(
     )
 
 
-def wrap_loss_function(loss_function: Callable) -> Callable:
+def wrap_loss_function(loss_function: Callable, model: Any = None) -> Callable:
     """Bridge's loss function, `partial(masked_next_token_loss, loss_mask, ...)` called with
     the model's output, with the "digit" reduction applied and the DEL telemetry entries
     (`ce loss`, `<loss> term`, `digit acc`, `digit tokens`, `digit share`) added to its report,
-    which Bridge sums over micro-batches and data-parallel ranks and logs like `lm loss`."""
+    which Bridge sums over micro-batches and data-parallel ranks and logs like `lm loss`.
+    `model` (the forward step's) says whether the run asks for a numerical loss, so that a loss
+    the hook did not compute stops the run (telemetry.check_recorded)."""
     if not isinstance(loss_function, functools.partial) or not loss_function.args:
         raise TypeError(
             "expected Megatron-Bridge's partial(masked_next_token_loss, loss_mask, ...); got "
@@ -185,7 +195,10 @@ def wrap_loss_function(loss_function: Callable) -> Callable:
         if isinstance(output_tensor, tuple):  # (losses, loss_mask) from multimodal models
             return loss_function(output_tensor, *args, **kwargs)
         return apply_to_loss(
-            loss_mask, output_tensor, lambda losses: loss_function(losses, *args, **kwargs)
+            loss_mask,
+            output_tensor,
+            lambda losses: loss_function(losses, *args, **kwargs),
+            model,
         )
 
     return wrapped
@@ -225,7 +238,7 @@ def make_forward_step(base_forward_step: Callable) -> Callable:
         _check_enabled(model)
         data_iterator = counted(data_iterator, model)
         output, loss_function = base_forward_step(state, data_iterator, model, return_schedule_plan)
-        return output, wrap_loss_function(loss_function)
+        return output, wrap_loss_function(loss_function, model)
 
     forward_step.__doc__ = f"{getattr(base_forward_step, '__name__', 'forward_step')} + DEL"
     return forward_step

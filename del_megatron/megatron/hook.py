@@ -26,7 +26,7 @@ from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
 from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
 from ..vocab import DigitVocab
 from . import logits_free as lf
-from . import state, telemetry
+from . import state, support, telemetry
 from .state import Registration
 
 _MARKER = "_del_megatron_original"  # on LanguageModule: the original loss method
@@ -38,7 +38,6 @@ MODEL_MODULES = (
     "megatron.core.models.mamba.mamba_model",
     "megatron.core.models.hybrid.hybrid_model",
 )
-FUSION_IMPLS_REPLACED = ("native", "te")
 
 # Names of the TransformerConfig (or GPTModelProvider) fields that carry the settings when
 # register() is given no config; the same names as the Megatron-LM flags' dest.
@@ -84,24 +83,50 @@ def cfg_from_model_config(config) -> Optional[NumericalLossConfig]:
     )
 
 
-def check_model_config(config) -> None:
-    """Refuse a fused cross-entropy that would bypass compute_language_model_loss."""
-    if not getattr(config, "cross_entropy_loss_fusion", False):
+# What replaces each fused cross-entropy implementation, as the log says it once.
+FUSION_REPLACED_BY = {
+    "native": (
+        "Megatron's fused cross-entropy (impl 'native') is replaced by del_megatron's "
+        "vocab-parallel CE+digit kernel, which computes the loss in fp32 from the same logits"
+    ),
+    "te": (
+        "Transformer Engine's fused cross-entropy (impl 'te') is replaced by del_megatron's "
+        "vocab-parallel CE+digit kernel. TE's kernel writes the gradient over the logits in "
+        "place; del_megatron's keeps the logits for backward and writes their gradient into a "
+        "new buffer, so the loss holds one more [s, b, V/tp] buffer than TE's (2 bytes a logit "
+        "in bf16). --del-logits-free forms no logits at all"
+    ),
+}
+
+
+def check_model_config(config, logits_free: Optional[str] = None) -> None:
+    """Refuse a model config del_megatron cannot train right (support.check_settings; logits_free:
+    the weight-gradient route, None when the loss keeps its logits), and log once which fused
+    cross-entropy it replaces."""
+    support.check_settings(config, logits_free)
+    if getattr(config, "cross_entropy_loss_fusion", False):
+        impl = getattr(config, "cross_entropy_fusion_impl", "native")
+        state.log_once("fusion", "del_megatron: %s", FUSION_REPLACED_BY[impl])
+
+
+def _check_model_once(module) -> None:
+    """check_model_config for a model the loss hook sees for the first time in this
+    registration (its config and logits-free setting; then nothing for it again), and for
+    logits-free an output weight that FSDP shards."""
+    registration = state.current()
+    if registration is None or id(module) in registration.checked_models:
         return
-    impl = getattr(config, "cross_entropy_fusion_impl", "native")
-    if impl not in FUSION_IMPLS_REPLACED:
-        raise ValueError(
-            f"cross_entropy_fusion_impl={impl!r} computes the loss without "
-            "LanguageModule.compute_language_model_loss, so del_megatron cannot apply the "
-            f"numerical loss there; use one of {FUSION_IMPLS_REPLACED} (del_megatron replaces "
-            "them with its own fused primitive) or set cross_entropy_loss_fusion=False"
-        )
-    state.log_once(
-        "fusion",
-        "cross_entropy_loss_fusion (impl %r) is replaced by del_megatron's vocab-parallel "
-        "CE+digit primitive, which makes the same passes over the logits",
-        impl,
-    )
+    registration.checked_models[id(module)] = module
+    if _resolve_cfg(module) is None:
+        return
+    route = _weight_gradient(module, registration)
+    check_model_config(module.config, route)
+    output_layer = getattr(module, "output_layer", None)
+    if route is not None and output_layer is not None:
+        if getattr(module, "share_embeddings_and_output_weights", False):
+            support.check_sharded_weight(module.shared_embedding_or_output_weight())
+        elif getattr(output_layer, "weight", None) is not None:
+            support.check_sharded_weight(output_layer.weight)
 
 
 def _model_tp_group(module):
@@ -181,6 +206,8 @@ def _capture_packed_seq_params(forward: Callable) -> Callable:
         except TypeError:  # let forward itself report the bad call
             arguments = {}
         params = arguments.get("packed_seq_params")
+        if args:
+            _check_model_once(args[0])
         if arguments.get("labels") is not None and arguments.get("output_processor") is None:
             if args and _wants_logits_free(args[0]):
                 lf.check_model_supports(args[0], takes_output_processor)
@@ -278,7 +305,7 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
     original = getattr(_language_module(), _MARKER)
     if cfg is None:
         return original(self, labels, logits)
-    check_model_config(self.config)
+    _check_model_once(self)
     _check_packed_capture(self)
     _check_digit_ids(cfg)
     parts = loss_parts(

@@ -28,6 +28,8 @@ from . import state
 from .accounting import DigitAccounting
 from .args import add_arguments, chain_extra_args, config_from_args, set_config_fields
 from .hook import check_model_config, register
+from .logits_free import weight_gradient_of
+from .support import check_settings
 from .telemetry import make_loss_func
 
 # What the patched pretrain_gpt.py uses (one import: `from del_megatron.megatron import lm`).
@@ -114,10 +116,12 @@ def counted(data_iterator: Optional[Iterator], model: Any = None) -> Optional[It
 
 def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfig]:
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
-    (None, and nothing registered, for --numerical-loss ce without --del-logits-free)."""
+    (None, and nothing registered, for --numerical-loss ce without --del-logits-free). Flags
+    del_megatron cannot train with are refused here, before any model exists (support.py)."""
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss == "ce" and not logits_free:
         return None
+    check_settings(args, weight_gradient_of(logits_free))
     cfg = config_from_args(args, tokenizer)
     make_accounting = None
     if cfg.reduction == "digit" and cfg.loss != "ce":
@@ -147,7 +151,9 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
             cfg = register_from_args(get_args(), get_tokenizer())
         model = model_provider(*args, **kwargs)
         if cfg is not None:
-            check_model_config(model.config)
+            registration = state.current()
+            route = weight_gradient_of(registration.logits_free) if registration else None
+            check_model_config(model.config, route)
             set_config_fields(model.config, cfg)
         return model
 

@@ -29,7 +29,8 @@ from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
 from .hook import check_model_config, config_fields, register
 from .logits_free import set_on_model_config as set_logits_free
-from .telemetry import digit_reduced, find, report_entries
+from .logits_free import weight_gradient_of
+from .telemetry import check_recorded, digit_reduced, find, report_entries
 
 TELEMETRY_PREFIX = "del/"
 
@@ -41,22 +42,32 @@ def _telemetry_keys(output: Dict[str, Any]) -> list:
 def numerical_loss_reduction(reduction_cls: type) -> type:
     """Subclass of a NeMo 2 MegatronLossReduction (MaskedTokenLossReduction or a subclass)
     with the "digit" reduction and the DEL telemetry. Constructor: the base class's arguments
-    plus `log=None`, a callable `log(name, value, **kwargs)` such as LightningModule.log, and
-    `log_prefix` (default "" for training, "val " for a validation_step reduction)."""
+    plus `log=None`, a callable `log(name, value, **kwargs)` such as LightningModule.log,
+    `log_prefix` (default "" for training, "val " for a validation_step reduction) and
+    `numerical_loss` (the run's loss: a loss del_megatron did not compute then stops a run whose
+    loss is not "ce", telemetry.check_recorded)."""
 
     class NumericalLossReduction(reduction_cls):
         def __init__(
-            self, *args, log: Optional[Callable] = None, log_prefix: Optional[str] = None, **kwargs
+            self,
+            *args,
+            log: Optional[Callable] = None,
+            log_prefix: Optional[str] = None,
+            numerical_loss: Optional[str] = None,
+            **kwargs,
         ) -> None:
             super().__init__(*args, **kwargs)
-            self.log_fn = log
+            self.log_fn, self.numerical_loss = log, numerical_loss
             validation = bool(getattr(self, "validation_step", False))
             self.log_prefix = ("val " if validation else "") if log_prefix is None else log_prefix
             self.last_telemetry: Dict[str, torch.Tensor] = {}
 
         def forward(self, batch, forward_out):
-            rec = None if isinstance(forward_out, tuple) else find(forward_out)
-            if rec is None:  # not computed by del_megatron (or a (losses, mask) pair)
+            if isinstance(forward_out, tuple):  # a (losses, mask) pair: not the hook's
+                return super().forward(batch, forward_out)
+            rec = find(forward_out)
+            if rec is None:  # not computed by del_megatron: stops a numerical-loss run
+                check_recorded(rec, self.numerical_loss)
                 return super().forward(batch, forward_out)
             loss_mask = batch["loss_mask"]
             result = super().forward(batch, digit_reduced(loss_mask, rec))
@@ -136,7 +147,7 @@ def enable_numerical_loss(
             vocab = DigitVocab.from_tokenizer(inner, allow_multi_digit_tokens)
     cfg = NumericalLossConfig(loss=loss, alpha=alpha, vocab=vocab, reduction=reduction)
     config = model.config
-    check_model_config(config)
+    check_model_config(config, weight_gradient_of(logits_free))
     for name, value in config_fields(cfg).items():
         object.__setattr__(config, name, value)
     set_logits_free(config, logits_free)
@@ -144,7 +155,9 @@ def enable_numerical_loss(
 
     reduction_cls = numerical_loss_reduction(MaskedTokenLossReduction)
     log = getattr(model, "log", None)
-    model._training_loss_reduction = reduction_cls(log=log)
-    model._validation_loss_reduction = reduction_cls(validation_step=True, log=log)
+    model._training_loss_reduction = reduction_cls(log=log, numerical_loss=cfg.loss)
+    model._validation_loss_reduction = reduction_cls(
+        validation_step=True, log=log, numerical_loss=cfg.loss
+    )
     register(None)
     return cfg

@@ -34,7 +34,8 @@ class Registration:
     make_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on the
     first training step (None: the "digit" reduction is per micro-batch, or not used).
     logits_free: GPTModel computes the loss from the output layer's input (logits_free.py):
-    True, or the weight gradient's route ("auto", "forward", "backward")."""
+    True, or the weight gradient's route ("auto", "forward", "backward").
+    checked_models: the models whose configuration the loss hook has checked (by id)."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
@@ -43,6 +44,7 @@ class Registration:
     records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)
     logged: Set[str] = field(default_factory=set)
+    checked_models: Dict[int, Any] = field(default_factory=dict)
 
 
 _current: Dict[str, Registration] = {}

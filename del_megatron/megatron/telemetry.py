@@ -15,7 +15,7 @@ an entry whose interval mean is exactly 0; there, an exact 0 shows as ZERO_SHOWN
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -100,14 +100,53 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     }
 
 
+NOT_RECORDED = (
+    "del_megatron: the loss function got a loss that del_megatron's hook did not compute, in a "
+    "run registered for the numerical loss {loss!r}: the model computed it another way (a fused "
+    "cross-entropy that bypasses LanguageModule.compute_language_model_loss, a schedule that "
+    "hands the loss function a copy, a model class the hook does not cover), so this step would "
+    "train plain cross-entropy. Stopped before it does; see docs/support.md for what is supported"
+)
+
+
+def _expected_loss(model: Any) -> Optional[str]:
+    """The numerical loss the current registration (else `model`'s config) asks for, if any."""
+    registration = state.current()
+    if registration is None:
+        return None
+    if registration.cfg is not None:
+        return registration.cfg.loss
+    from .hook import cfg_from_model_config
+
+    while hasattr(model, "module"):  # DDP / Float16Module
+        model = model.module
+    cfg = cfg_from_model_config(getattr(model, "config", None))
+    return None if cfg is None else cfg.loss
+
+
+def check_recorded(rec: Optional[_Record], loss: Optional[str]) -> None:
+    """Stop a run whose loss function sees a loss del_megatron did not compute while the run
+    asks for a numerical loss (`loss` other than None or "ce"). It raises rather than warns:
+    such a step trains plain cross-entropy, and a run that does so silently wastes its compute;
+    no supported configuration reaches the loss function with an unrecorded loss."""
+    if rec is None and loss not in (None, "ce"):
+        raise RuntimeError(NOT_RECORDED.format(loss=loss))
+
+
 def apply_to_loss(
-    loss_mask: torch.Tensor, output_tensor: torch.Tensor, base: Callable[[torch.Tensor], tuple]
+    loss_mask: torch.Tensor,
+    output_tensor: torch.Tensor,
+    base: Callable[[torch.Tensor], tuple],
+    model: Any = None,
 ) -> tuple:
     """Run a framework loss `base(per_token_losses) -> (loss_sum, num_tokens, report)` on the
     "digit"-reduced losses (so its NaN/spike checks and 'lm loss' see the real loss) and add the
-    telemetry entries. Outputs the hook did not record go to `base` unchanged."""
+    telemetry entries. Outputs the hook did not record go to `base` unchanged, unless the run
+    asks for a numerical loss (the registration's, else `model`'s config): then it stops
+    (check_recorded)."""
     rec = find(output_tensor)
     if rec is None:  # the model computed its loss without del_megatron
+        check_recorded(rec, _expected_loss(model))
         return base(output_tensor)
     result = base(digit_reduced(loss_mask, rec))
     if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
@@ -128,6 +167,7 @@ def make_loss_func(base_loss_func: Callable) -> Callable:
             loss_mask,
             output_tensor,
             lambda losses: base_loss_func(loss_mask, losses, model=model, **kwargs),
+            model,
         )
 
     return loss_func

@@ -1,0 +1,130 @@
+"""Megatron settings del_megatron refuses, each before iteration 1 with the flag and the way out
+named (docs/support.md lists them).
+
+The checks read attributes by name from Megatron-LM's parsed arguments or from a model config
+(TransformerConfig, a Megatron-Bridge provider): the flags' `dest` and the config fields share
+their names. They run once: at registration (lm.register_from_args, Bridge's and NeMo's
+enable_numerical_loss) and when the loss hook first sees a model (hook.check_model_config).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import torch
+
+# Fused cross-entropy implementations that still compute the loss through
+# LanguageModule.compute_language_model_loss (core 0.16.1 to 0.19.x), where the hook replaces
+# them. Any other (Megatron-LM dev's "linear" computes the loss inside the output layer) would
+# bypass the hook and train plain cross-entropy.
+FUSION_IMPLS_REPLACED = ("native", "te")
+
+
+def _names(values: Any) -> set:
+    """Names in a CUDA-graph scope setting: a string, an enum, or a list of either."""
+    if values is None:
+        return set()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        values = [values]
+    return {getattr(value, "name", str(value)) for value in values}
+
+
+def check_fusion_impl(settings: Any) -> None:
+    """Refuse a fused cross-entropy implementation that bypasses the loss hook (positive list:
+    FUSION_IMPLS_REPLACED)."""
+    if not getattr(settings, "cross_entropy_loss_fusion", False):
+        return
+    impl = getattr(settings, "cross_entropy_fusion_impl", "native")
+    if impl not in FUSION_IMPLS_REPLACED:
+        raise ValueError(
+            f"--cross-entropy-fusion-impl {impl} (cross_entropy_fusion_impl={impl!r}) computes "
+            "the loss without LanguageModule.compute_language_model_loss, so del_megatron cannot "
+            f"apply the numerical loss there; use one of {FUSION_IMPLS_REPLACED} (del_megatron "
+            "replaces them with its own kernel) or drop --cross-entropy-loss-fusion"
+        )
+
+
+def uses_full_iteration_cuda_graphs(settings: Any) -> bool:
+    """--cuda-graph-impl full_iteration (core >= 0.18), or --cuda-graph-impl local with
+    --cuda-graph-scope full_iteration (core 0.16/0.17)."""
+    impl = getattr(settings, "cuda_graph_impl", "none")
+    if impl == "full_iteration":
+        return True
+    scopes = _names(getattr(settings, "cuda_graph_scope", None))
+    scopes |= _names(getattr(settings, "cuda_graph_modules", None))
+    return impl == "local" and "full_iteration" in scopes
+
+
+def check_cuda_graphs(settings: Any) -> None:
+    """Refuse full-iteration CUDA graphs: they capture the loss, and del_megatron's loss path
+    reads values on the host and keeps per-step state in Python, which a replayed graph would
+    freeze."""
+    if uses_full_iteration_cuda_graphs(settings):
+        raise ValueError(
+            "full-iteration CUDA graphs (--cuda-graph-impl full_iteration, or on core 0.16/0.17 "
+            "--cuda-graph-impl local --cuda-graph-scope full_iteration) capture the loss, which "
+            "del_megatron computes with host reads and per-step state a graph replay would "
+            "freeze; use per-layer CUDA graphs (--cuda-graph-impl transformer_engine or local "
+            "with per-layer modules/scopes, which leave the loss out of the graph) or none"
+        )
+
+
+def check_schedule(settings: Any) -> None:
+    """Refuse the combined 1F1B schedule (EP all-to-all overlap): it builds the model's
+    schedule plan instead of calling forward, and its loss function sees a detached copy."""
+    if getattr(settings, "overlap_moe_expert_parallel_comm", False):
+        raise ValueError(
+            "--overlap-moe-expert-parallel-comm (overlap_moe_expert_parallel_comm=True) runs "
+            "the model through a combined 1F1B schedule plan, outside GPTModel.forward, and hands "
+            "the loss function a detached copy of the loss, so del_megatron's loss would go "
+            "unreported and its digit reduction unapplied; drop --overlap-moe-expert-parallel-comm "
+            "to train with del_megatron"
+        )
+
+
+def check_logits_free(settings: Any, route: str) -> None:
+    """Refuse what the logits-free loss (weight-gradient route `route`) cannot train with."""
+    if getattr(settings, "defer_embedding_wgrad_compute", False):
+        raise ValueError(
+            "--defer-embedding-wgrad-compute defers the output layer's weight gradient to the "
+            "end of the step, but the logits-free loss never calls the output layer, so Megatron "
+            "would find nothing to compute there (IndexError at the end of step 1); drop "
+            "--defer-embedding-wgrad-compute or --del-logits-free"
+        )
+    for field in ("use_megatron_fsdp", "use_torch_fsdp2"):
+        if getattr(settings, field, False):
+            flag = "--" + field.replace("_", "-")
+            raise ValueError(
+                f"{flag} shards the output layer's weight and gathers it only when the layer is "
+                "called, which the logits-free loss never does; drop --del-logits-free (the "
+                f"materialised loss is the same) or {flag}"
+            )
+    if getattr(settings, "fp16", False) and route == "forward":
+        raise ValueError(
+            "--fp16 with --del-logits-free forward: that route forms its gradient products before "
+            "the loss scale is applied, and in fp16 they can overflow where the materialised "
+            "path's do not; use --del-logits-free backward (what 'auto' takes in fp16), or --bf16"
+        )
+
+
+def check_sharded_weight(weight: torch.Tensor) -> None:
+    """Refuse an output weight managed by an FSDP wrapper (Megatron-FSDP marks its parameters;
+    torch FSDP2 makes them DTensors): it is whole only while the layer runs."""
+    from torch.distributed.tensor import DTensor
+
+    if hasattr(weight, "__fsdp_param__") or isinstance(weight, DTensor):
+        raise ValueError(
+            "the output layer's weight is sharded by FSDP (Megatron-FSDP or torch FSDP2) and "
+            "gathered only when the layer is called, which the logits-free loss never does; drop "
+            "--del-logits-free (the materialised loss is the same) or FSDP"
+        )
+
+
+def check_settings(settings: Any, logits_free: Optional[str] = None) -> None:
+    """Every refusal that applies to `settings` (logits_free: the weight gradient's route, or
+    None when the loss keeps its logits)."""
+    check_fusion_impl(settings)
+    check_cuda_graphs(settings)
+    check_schedule(settings)
+    if logits_free is not None:
+        check_logits_free(settings, logits_free)

@@ -1,0 +1,152 @@
+"""Configurations del_megatron refuses before iteration 1 (del_megatron/megatron/support.py,
+docs/support.md), and a loss function that sees a loss the hook did not compute."""
+
+import argparse
+import types
+
+import pytest
+import torch
+
+import del_megatron as dm
+from del_megatron import megatron as dmm
+from del_megatron.megatron import lm, support, telemetry
+
+DIGITS = [str(i) for i in range(10, 20)]
+
+
+def _scope(name: str):
+    """A --cuda-graph-scope value as core 0.16 parses it (its CudaGraphScope enum; the string
+    where this core has none)."""
+    from megatron.core.transformer import enums
+
+    scope = getattr(enums, "CudaGraphScope", None)
+    return getattr(scope, name) if scope is not None and hasattr(scope, name) else name
+
+
+def megatron_args(argv, **flags) -> argparse.Namespace:
+    """Megatron-LM's parsed arguments as register_from_args sees them: the DEL flags parsed,
+    Megatron's own flags by their dest."""
+    parser = argparse.ArgumentParser()
+    dmm.add_arguments(parser)
+    args = parser.parse_args(["--del-digit-token-ids", *DIGITS, *argv])
+    args.padded_vocab_size = 1024
+    for name, value in flags.items():
+        setattr(args, name, value)
+    return args
+
+
+DEL = ["--numerical-loss", "del"]
+LOGITS_FREE = ["--del-logits-free"]
+REFUSED = [
+    pytest.param(
+        DEL,
+        dict(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="linear"),
+        ("--cross-entropy-fusion-impl linear", "drop --cross-entropy-loss-fusion"),
+        id="F6-fusion-impl",
+    ),
+    pytest.param(
+        DEL,
+        dict(cuda_graph_impl="full_iteration"),
+        ("--cuda-graph-impl full_iteration", "per-layer CUDA graphs"),
+        id="F5-full-iteration-graphs",
+    ),
+    pytest.param(
+        DEL,
+        dict(cuda_graph_impl="local", cuda_graph_scope="full_iteration"),
+        ("--cuda-graph-scope full_iteration", "per-layer CUDA graphs"),
+        id="F5-full-iteration-scope-core-0.16",
+    ),
+    pytest.param(
+        ["--numerical-loss", "ce", *LOGITS_FREE],
+        dict(overlap_moe_expert_parallel_comm=True),
+        ("--overlap-moe-expert-parallel-comm", "drop --overlap-moe-expert-parallel-comm"),
+        id="F7-combined-1f1b",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(defer_embedding_wgrad_compute=True),
+        ("--defer-embedding-wgrad-compute", "drop --defer-embedding-wgrad-compute or"),
+        id="F10-deferred-embedding-wgrad",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(use_megatron_fsdp=True),
+        ("--use-megatron-fsdp shards", "drop --del-logits-free"),
+        id="F11-megatron-fsdp",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE + ["backward"],
+        dict(use_torch_fsdp2=True),
+        ("--use-torch-fsdp2 shards", "drop --del-logits-free"),
+        id="F11-torch-fsdp2",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE + ["forward"],
+        dict(fp16=True),
+        ("--fp16 with --del-logits-free forward", "use --del-logits-free backward"),
+        id="F17-fp16-forward-route",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, flags, named", REFUSED)
+def test_register_from_args_refuses_before_any_model_naming_the_flag_and_the_way_out(
+    argv, flags, named
+):
+    if flags.get("cuda_graph_scope"):
+        flags = {**flags, "cuda_graph_scope": [_scope("attn"), _scope("full_iteration")]}
+    args = megatron_args(argv, **flags)
+    with pytest.raises(ValueError) as refused:
+        lm.register_from_args(args, tokenizer=None)
+    for words in named:
+        assert words in str(refused.value), str(refused.value)
+    assert not dmm.is_registered()
+
+
+@pytest.mark.parametrize(
+    "route, flags",
+    [
+        (None, dict(defer_embedding_wgrad_compute=True, use_megatron_fsdp=True, fp16=True)),
+        ("auto", dict(fp16=True)),  # resolves to the backward route in fp16
+        ("backward", dict(fp16=True, cuda_graph_impl="transformer_engine")),
+        ("auto", dict(cuda_graph_impl="local", cuda_graph_scope=["attn", "mlp"])),
+        ("auto", dict(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")),
+    ],
+)
+def test_what_is_not_refused(route, flags):
+    """The refusals are narrow: without logits-free its own ones do not apply, fp16 takes the
+    backward route, per-layer CUDA graphs and the fused impls the hook replaces are fine."""
+    support.check_settings(types.SimpleNamespace(**flags), route)
+
+
+def test_a_numerical_loss_run_stops_on_a_loss_the_hook_did_not_compute():
+    """F6: with the numerical loss registered (or named by the model's config), loss_func
+    refuses a loss del_megatron did not compute; a CE registration and an unregistered run pass
+    it to Megatron's loss unchanged."""
+    out, mask = torch.ones(1, 3), torch.ones(1, 3)
+    vocab = dm.DigitVocab(range(10), [10])
+    dmm.register(dm.NumericalLossConfig(loss="del", vocab=vocab))
+    try:
+        with pytest.raises(RuntimeError, match="would train plain cross-entropy"):
+            dmm.numerical_loss_func(mask, out)
+    finally:
+        dmm.unregister()
+    dmm.register(dm.NumericalLossConfig(loss="ce"))
+    try:
+        assert dmm.numerical_loss_func(mask, out)[0].item() == 3
+    finally:
+        dmm.unregister()
+    # cfg on the model config (Bridge's, NeMo's way): loss_func finds it through the wrappers
+    config = types.SimpleNamespace(**dmm.config_fields(dm.NumericalLossConfig(vocab=vocab)))
+    wrapped = types.SimpleNamespace(module=types.SimpleNamespace(config=config))
+    plain = types.SimpleNamespace(module=types.SimpleNamespace(config=types.SimpleNamespace()))
+    dmm.register(None)
+    try:
+        with pytest.raises(RuntimeError, match="numerical loss 'del'"):
+            dmm.numerical_loss_func(mask, out, model=wrapped)
+        assert dmm.numerical_loss_func(mask, out, model=plain)[0].item() == 3
+    finally:
+        dmm.unregister()
+    assert dmm.numerical_loss_func(mask, out)[0].item() == 3
+    with pytest.raises(RuntimeError):
+        telemetry.check_recorded(None, "ntl_was")
