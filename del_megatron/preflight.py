@@ -27,24 +27,26 @@ class AlphaAdvice:
     source: str
 
 
-# docs/DEL.md: the DEL paper used alpha 0.1 in its CodeLlama and Mistral runs (SentencePiece
-# tokenizers that split digits) and 0.01 in its Qwen-2.5 and DeepSeek runs (byte-level BPE).
+# docs/DEL.md: the DEL paper used alpha 0.1 in its CodeLlama and Mistral-7B-v0.1 runs
+# (SentencePiece tokenizers that split digits) and 0.01 in its Qwen-2.5 and DeepSeek-Math runs
+# (byte-level BPE); the authors' training scripts name those models.
 SENTENCEPIECE = AlphaAdvice(
     "SentencePiece (Llama-2, CodeLlama, Mistral 7B style)",
     0.1,
-    "the DEL paper's CodeLlama and Mistral runs",
+    "the DEL paper's CodeLlama and Mistral-7B-v0.1 runs",
 )
 BYTE_LEVEL_BPE = AlphaAdvice(
     "byte-level BPE (Qwen-2.5, DeepSeek style)",
     0.01,
-    "the DEL paper's Qwen-2.5 and DeepSeek runs; its Qwen script did not divide the term by "
+    "the DEL paper's Qwen-2.5 and DeepSeek-Math runs; its Qwen script did not divide the term by "
     "its 32 gradient-accumulation steps, so the weight in effect there was about 0.32 "
     "(docs/DEL.md)",
 )
 TEKKEN = AlphaAdvice(
     "tekken (Mistral NeMo and later)",
     DEFAULT_ALPHA,
-    "no paper run used this family: --del-alpha's default, the smaller paper setting",
+    "no paper run used this family (the paper's Mistral run is Mistral-7B-v0.1, SentencePiece): "
+    "--del-alpha's default, the smaller paper setting",
 )
 UNKNOWN = AlphaAdvice(
     "not recognised",
