@@ -3,7 +3,8 @@
 Every head maps digit logits z [N, 10] (raw LM logits at the digit ids, fp32 or fp64), target
 digits g [N] (int64, 0..9) and place weights w [N] to a per-token term [N]. Rows that are not digit
 targets must carry w = 0 and any valid g; their term is 0 and so is their gradient. Plain torch:
-autograd gives the gradients.
+autograd gives the gradients, and no head reads a value on the host (F.one_hot would, to check
+its classes, off CUDA).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _digit_values(z: torch.Tensor) -> torch.Tensor:
 def del_term(z: torch.Tensor, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """DEL: w * (1/10) * sum_k softmax(z)_k * BCE(sigmoid(z_k), [k == g])."""
     p_hat = torch.softmax(z, dim=-1)
-    is_target = F.one_hot(g, NUM_DIGITS).to(torch.bool)
+    is_target = g.unsqueeze(-1) == torch.arange(NUM_DIGITS, device=g.device)
     # BCE of sigmoid(z) against 1 is softplus(-z), against 0 softplus(z): finite for |z| ~ 1e4.
     bce = F.softplus(torch.where(is_target, -z, z))
     return w * (p_hat * bce).sum(dim=-1) / NUM_DIGITS

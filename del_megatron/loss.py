@@ -28,7 +28,7 @@ from .numbers import (
     number_layout,
     select_positions,
 )
-from .sequence import doc_starts, gather_sequence
+from .sequence import check_balancing, doc_starts, gather_sequence
 from .vocab import NUM_DIGITS, DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
@@ -154,17 +154,21 @@ class _Layout(NamedTuple):
     n_digits: torch.Tensor
 
 
-def _sequence_layout(
-    labels: torch.Tensor,
-    cfg: NumericalLossConfig,
-    cp_group: ProcessGroup,
-    cu_seqlens: Optional[torch.Tensor],
-) -> _Layout:
+class _Sequence(NamedTuple):
+    """How this rank's positions sit in the whole sequence: the context-parallel group, packed
+    document offsets and the CP balancing (numerical_lm_loss)."""
+
+    cp_group: ProcessGroup
+    cu_seqlens: Optional[torch.Tensor]
+    cp_balancing: str
+
+
+def _sequence_layout(labels: torch.Tensor, cfg: NumericalLossConfig, seq: _Sequence) -> _Layout:
     """Numbers are located on the whole sequence: gathered over the CP group, cut at packed
     document starts."""
-    whole, positions = labels, None
-    if _world(cp_group) > 1:
-        whole, positions = gather_sequence(labels, cp_group, cu_seqlens)
+    whole, positions, cu_seqlens = labels, None, seq.cu_seqlens
+    if _world(seq.cp_group) > 1:
+        whole, positions = gather_sequence(labels, seq.cp_group, cu_seqlens, seq.cp_balancing)
     doc_start = None
     if cu_seqlens is not None:
         if whole.size(0) != 1:
@@ -186,14 +190,13 @@ def _compose_parts(
     ce: torch.Tensor,
     digit_logits: torch.Tensor,
     cfg: NumericalLossConfig,
-    cp_group: ProcessGroup,
-    cu_seqlens: Optional[torch.Tensor],
+    sequence: _Sequence,
 ) -> LossParts:
     """ce [s * b] and digit logits [s * b, 10] of a kernel -> LossParts of [b, s]."""
     b, s = labels.shape
     ce = ce.view(s, b).transpose(0, 1).contiguous()  # [b, s], as Megatron returns it
     digit_logits = digit_logits.view(s, b, -1).transpose(0, 1).contiguous()
-    seq = _sequence_layout(labels, cfg, cp_group, cu_seqlens)
+    seq = _sequence_layout(labels, cfg, sequence)
     layout = seq.local
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
@@ -213,8 +216,7 @@ def _kernel_parts(
     labels: torch.Tensor,
     cfg: NumericalLossConfig,
     tp_group: ProcessGroup,
-    cp_group: ProcessGroup,
-    cu_seqlens: Optional[torch.Tensor],
+    sequence: _Sequence,
     how: dict,
 ) -> LossParts:
     """A kernel's per-token CE and digit logits for `inputs` [s * b, ...] -> LossParts."""
@@ -222,7 +224,7 @@ def _kernel_parts(
     ce, digit_logits = digit_cross_entropy(
         inputs, target, _vocab(cfg), tp_group, ignore_index=cfg.ignore_index, **how
     )
-    return _compose_parts(labels, ce, digit_logits, cfg, cp_group, cu_seqlens)
+    return _compose_parts(labels, ce, digit_logits, cfg, sequence)
 
 
 def _result(
@@ -249,6 +251,7 @@ def numerical_lm_loss(
     *,
     cp_group: ProcessGroup = None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    cp_balancing: str = "document",
     kernel: str = "auto",
     inplace: bool = False,
     validate: bool = True,
@@ -270,20 +273,26 @@ def numerical_lm_loss(
     chunks of the sequence (Megatron's layout); every digit is weighed, and the "digit"
     reduction counted, as in the whole sequence (one all-gather of the labels). cu_seqlens:
     offsets of packed documents in the (whole) sequence, THD labels [1, T]; numbers never run
-    across a document start (with CP: Megatron's cu_seqlens_padded).
+    across a document start (with CP: Megatron's cu_seqlens_padded). cp_balancing: how CP cut
+    packed sequences, "document" (each document in 2 * cp chunks, Megatron's default for THD)
+    or "sequence" (the whole packed sequence in 2 * cp chunks: core 0.19's hybrid context
+    parallelism, where cp_group is PackedSeqParams.cp_group, and inter-document masking).
+    Without cu_seqlens both are the sequence's 2 * cp chunks.
 
     How it is computed (results agree to rounding):
     kernel:       "auto", "softmax", "recompute" or "compiled" (kernels/__init__.py's table)
     inplace:      let the logits be overwritten (by their gradient; under "softmax", fp32 logits
                   by the softmax first) to save an [N, V/tp] buffer, as Megatron's CE does
-    validate:     check label ids against the vocab (one host sync) and the shard sizes
+    validate:     check label ids against the vocab (on the device: no host sync) and the
+                  shard sizes (on the host, the first time a group sees a shard size)
     chunk_tokens: rows a "recompute"/"compiled" pass converts at once
     """
     _check_config(cfg)
     _check_inputs(labels, logits)
+    sequence = _Sequence(cp_group, cu_seqlens, check_balancing(cp_balancing))
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
     inputs = (logits.reshape(-1, logits.size(-1)),)
-    parts = _kernel_parts(inputs, labels, cfg, tp_group, cp_group, cu_seqlens, how)
+    parts = _kernel_parts(inputs, labels, cfg, tp_group, sequence, how)
     return _result(parts, cfg, return_parts)
 
 
@@ -309,6 +318,7 @@ def numerical_linear_loss(
     *,
     cp_group: ProcessGroup = None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    cp_balancing: str = "document",
     sequence_parallel: bool = False,
     loss_mask: Optional[torch.Tensor] = None,
     kernel: str = "auto",
@@ -322,9 +332,9 @@ def numerical_linear_loss(
     hidden [s, b, h] (the output layer's input: this CP rank's positions, the whole sequence on
     every tensor-parallel rank), weight [V_local, h] (this rank's shard of the output layer; the
     whole one when tp_group is None, which here too means "no tensor parallelism"), labels
-    [b, s] int64. cp_group and cu_seqlens as in numerical_lm_loss. Tokens are processed
-    chunk_tokens at a time (default: 256 MiB of fp32 logits, at most an eighth of the tokens)
-    and multiplied out again in backward. Gradients reach hidden (summed over the
+    [b, s] int64. cp_group, cu_seqlens and cp_balancing as in numerical_lm_loss. Tokens are
+    processed chunk_tokens at a time (default: 256 MiB of fp32 logits, at most an eighth of the
+    tokens) and multiplied out again in backward. Gradients reach hidden (summed over the
     tensor-parallel group) and weight.
 
     sequence_parallel: hidden is [s/tp, b, h], this rank's slice of the positions, as Megatron's
@@ -349,13 +359,14 @@ def numerical_linear_loss(
     """
     _check_config(cfg)
     _check_linear_inputs(hidden, weight, labels, tp_group, sequence_parallel)
+    sequence = _Sequence(cp_group, cu_seqlens, check_balancing(cp_balancing))
     ce_weights = None if loss_mask is None else _flat_loss_mask(loss_mask, labels)
     if sequence_parallel and _world(tp_group) > 1:
         hidden = SequenceParallelGather.apply(hidden, tp_group)
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
     how.update(ce_weights=ce_weights, weight_gradient=weight_gradient)
     inputs = (hidden.reshape(-1, hidden.size(-1)), weight)
-    parts = _kernel_parts(inputs, labels, cfg, tp_group, cp_group, cu_seqlens, how)
+    parts = _kernel_parts(inputs, labels, cfg, tp_group, sequence, how)
     return _result(parts, cfg, return_parts)
 
 

@@ -8,6 +8,8 @@ from typing import Iterable, Tuple
 
 import torch
 
+from .device import on_device
+
 NUM_DIGITS = 10
 
 # Classes of a label in a number lookup table (see DigitVocab.class_table).
@@ -88,9 +90,15 @@ class DigitVocab:
 
     def class_table(self, device: torch.device | str | None = None) -> torch.Tensor:
         """int64 [max_id + 2]: digit value 0..9 for digit ids, CLASS_POINT for decimal points,
-        CLASS_OTHER elsewhere. The last entry is CLASS_OTHER and serves any id > max_id."""
-        table = torch.full((self.max_id + 2,), CLASS_OTHER, dtype=torch.long)
-        table[list(self.digit_ids)] = torch.arange(NUM_DIGITS)
-        if self.decimal_point_ids:
-            table[list(self.decimal_point_ids)] = CLASS_POINT
-        return table.to(device)
+        CLASS_OTHER elsewhere. The last entry is CLASS_OTHER and serves any id > max_id.
+        Made on `device` once and kept (on_device); do not write into it."""
+        return on_device(("class_table", self), torch.device(device or "cpu"), self._class_table)
+
+    def _class_table(self, device: torch.device) -> torch.Tensor:
+        table = torch.full((self.max_id + 2,), CLASS_OTHER, dtype=torch.long, device=device)
+        classes = list(enumerate(self.digit_ids)) + [
+            (CLASS_POINT, i) for i in self.decimal_point_ids
+        ]
+        for cls, i in classes:
+            table.narrow(0, i, 1).fill_(cls)
+        return table

@@ -4,6 +4,7 @@ Every check takes (seed,); CHECKS lists them."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from megatron.core.utils import get_batch_on_this_cp_rank
@@ -152,8 +153,60 @@ def check_linear_loss_under_cp_and_packing(seed: int) -> None:
         assert_pieces_equal(parts, {f: getattr(want_parts, f) for f in PER_TOKEN})
 
 
+def _packed_unpadded(seed: int, total: int):
+    """(documents, packed [1, total]): documents of lengths that are no multiple of 2 * cp."""
+    lengths = [13, 7, 21]
+    lengths.append(total - sum(lengths))
+    docs = [long_number_labels(1, n, seed + i) for i, n in enumerate(lengths)]
+    return docs, torch.cat(docs, dim=1)
+
+
+def check_cp_sequence_balancing_with_packed_documents(seed: int) -> None:
+    """cp_balancing="sequence": the whole packed sequence cut into 2 * cp chunks (Megatron's
+    per-sequence split, get_batch_on_this_cp_rank without cu_seqlens), documents of any length;
+    every position's pieces equal those of its document computed alone. Then hybrid context
+    parallelism's case: the group is a per-micro-batch subgroup (PackedSeqParams.cp_group),
+    here two ranks that hold one packed sequence between them."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    total = 32 * cp
+    docs, packed = _packed_unpadded(seed, total)
+    cu_seqlens = torch.tensor([0] + [d.size(1) for d in docs]).cumsum(0).to(torch.int32)
+    full = logits_for(total, 1, PADDED_VOCAB_SIZE, seed)
+    local = get_batch_on_this_cp_rank(
+        {"labels": packed.clone(), "logits": full.transpose(0, 1).clone()}, dist.group.WORLD
+    )
+    positions = cp_positions(total // cp, cp, rank, cu_seqlens, balancing="sequence")
+    assert torch.equal(local["labels"], packed[:, positions])
+    cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=SPLIT_VOCAB)
+    layout = dict(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens, cp_balancing="sequence")
+    logits = local["logits"].transpose(0, 1).contiguous()
+    parts = dm.numerical_lm_loss(local["labels"], logits, cfg, return_parts=True, **layout)
+    assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg), positions)
+    # The test has teeth: per-document balancing reads these positions differently.
+    with pytest.raises(ValueError, match="cannot be cut into 2 \\* cp"):
+        dm.numerical_lm_loss(
+            local["labels"], logits, cfg, cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens
+        )
+
+    # Hybrid CP: pairs of ranks, each pair one sequence of its own.
+    pairs = [dist.new_group([r, r + 1]) for r in range(0, cp, 2)]
+    group, pair_rank = pairs[rank // 2], rank % 2
+    docs, packed = _packed_unpadded(seed + rank // 2, 64)
+    cu_seqlens = torch.tensor([0] + [d.size(1) for d in docs]).cumsum(0).to(torch.int32)
+    full = logits_for(64, 1, PADDED_VOCAB_SIZE, seed + rank // 2)
+    positions = cp_positions(32, 2, pair_rank, cu_seqlens, balancing="sequence")
+    layout = dict(cp_group=group, cu_seqlens=cu_seqlens, cp_balancing="sequence")
+    parts = dm.numerical_lm_loss(
+        packed[:, positions], full[positions], cfg, return_parts=True, **layout
+    )
+    assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg), positions)
+    for pair in pairs:
+        dist.destroy_process_group(pair)
+
+
 CHECKS = [
     "check_cp_equals_whole_sequence",
     "check_cp_with_packed_documents",
+    "check_cp_sequence_balancing_with_packed_documents",
     "check_linear_loss_under_cp_and_packing",
 ]

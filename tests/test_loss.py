@@ -308,3 +308,111 @@ def test_recompute_chunks_agree_with_the_softmax_kernel(chunk_tokens):
         results.append((loss.detach(), logits.grad))
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-7)
+
+
+# ---- the "compiled" kernel -------------------------------------------------------------------
+
+
+def _compiled_and_recompute(labels, full, cfg):
+    """(loss, logits gradient) of the "compiled" and the "recompute" kernel."""
+    results = []
+    for kernel in ("compiled", "recompute"):
+        logits = full.clone().requires_grad_(True)
+        loss = dm.numerical_lm_loss(labels, logits, cfg, kernel=kernel)
+        (loss * torch.linspace(0.5, 1.5, loss.numel()).view(loss.shape)).sum().backward()
+        results.append((loss.detach(), logits.grad))
+    return results
+
+
+@pytest.fixture
+def eager_rows(monkeypatch):
+    """Rows each eager pass is called with; an eager chunk of 4 rows of V 64 (fp32); the
+    fallback's log forgotten."""
+    from del_megatron.kernels import recompute
+
+    rows = []
+    monkeypatch.setattr(recompute, "EAGER_CHUNK_BYTES", 4 * 4 * 64)
+    monkeypatch.setattr(recompute, "_FALLBACKS", set())
+    monkeypatch.setattr(recompute, "_COMPILE_FAILED", set())
+    for compiled_pass in recompute.passes(compiled=True):
+        eager = compiled_pass.eager
+
+        def spy(logits, *rest, eager=eager):
+            rows.append(logits.size(0))
+            return eager(logits, *rest)
+
+        monkeypatch.setattr(compiled_pass, "eager", spy)
+    return rows
+
+
+def _fallback_logged(caplog) -> int:
+    return sum("runs its passes eagerly in chunks" in r.getMessage() for r in caplog.records)
+
+
+def test_compiled_kernel_without_dynamo_runs_eager_chunks(eager_rows, caplog):
+    """TORCH_COMPILE_DISABLE=1 (torch._dynamo.config.disable): the "compiled" kernel takes the
+    eager passes in chunks (never all rows at once, which would copy them all to fp32), with the
+    same result as "recompute", and says so once."""
+    labels = number_rich_labels(2, 9, seed=3)
+    full = logits_for(9, 2, 64, seed=3).to(torch.bfloat16)
+    cfg = dm.NumericalLossConfig(alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    for _ in range(2):
+        with torch._dynamo.config.patch(disable=True):
+            (compiled, recomputed) = _compiled_and_recompute(labels, full, cfg)
+        assert torch.equal(compiled[0], recomputed[0]) and torch.equal(compiled[1], recomputed[1])
+    assert eager_rows and max(eager_rows) == 4 and sum(eager_rows) == 4 * 18
+    assert _fallback_logged(caplog) == 1
+
+
+def test_compiled_kernel_after_a_compile_error_runs_eager_chunks(monkeypatch, eager_rows, caplog):
+    """A compilation that fails (no C++ compiler or Triton, a backend error): the same eager
+    chunks, logged once with the error, and no second attempt."""
+    from del_megatron.kernels import recompute
+
+    attempts = []
+
+    def broken(*args):
+        attempts.append(1)
+        raise RuntimeError("backend compiler failed (stand-in)")
+
+    for compiled_pass in recompute.passes(compiled=True):
+        monkeypatch.setattr(compiled_pass, "compiled", broken)
+    labels = number_rich_labels(2, 9, seed=4)
+    full = logits_for(9, 2, 64, seed=4).float()
+    cfg = dm.NumericalLossConfig(alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    for _ in range(2):
+        (compiled, recomputed) = _compiled_and_recompute(labels, full, cfg)
+        assert torch.equal(compiled[0], recomputed[0]) and torch.equal(compiled[1], recomputed[1])
+    assert len(attempts) == 1 and max(eager_rows) == 4
+    assert _fallback_logged(caplog) == 1
+    assert "backend compiler failed (stand-in)" in caplog.text
+
+
+def test_compiled_passes_hold_nothing_of_n_by_v_in_fp32():
+    """TorchInductor's code for the two compiled passes (its CPU backend lowers the same graph as
+    CUDA's): forward allocates [N] vectors only, backward one [N, V] buffer, the gradient in the
+    logits' dtype (bf16), written once, and nothing [N, V] in fp32."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from del_megatron.kernels import recompute
+
+    first, second = recompute.passes(compiled=True)
+    n, v = 37, 300
+    logits = torch.randn(n, v).to(torch.bfloat16)
+    row = torch.rand(n)
+    onehot = torch.randint(-1, v, (n,))
+    allocations = []
+    for fn, args in ((first, (logits,)), (second, (logits, row, row, row, onehot))):
+        (_, code) = run_and_get_code(fn.compiled, *args)
+        found = re.findall(r"empty_strided_cpu\(\(([^)]*)\), \([^)]*\), (\S+)\)", code[0])
+        allocations.append([(shape.strip(), dtype) for shape, dtype in found])
+    forward, backward = allocations
+    assert forward and all(shape.count(",") == 1 and shape.endswith(",") for shape, _ in forward)
+    two_d = [(shape, dtype) for shape, dtype in backward if not shape.endswith(",")]
+    assert len(two_d) == 1 and two_d[0][1] == "torch.bfloat16", backward
+    assert all(dtype != "torch.float32" or shape.endswith(",") for shape, dtype in backward)
+    grad = second(logits, row, row, row, onehot)
+    eager = recompute.softmax_minus_onehot(logits, row, row, row, onehot)
+    torch.testing.assert_close(grad, eager, rtol=8e-3, atol=1e-6)

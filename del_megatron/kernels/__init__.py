@@ -13,6 +13,7 @@ called as Kernel.apply(*inputs, target, plan); digit_cross_entropy below picks a
 |           | buffer with inplace)                      |                                       |
 | recompute | the caller's logits + two [N] vectors     | off CUDA, otherwise                   |
 | compiled  | as recompute; passes torch.compile'd      | on CUDA                               |
+|           | (eager chunks where compile is off)       |                                       |
 | linear    | hidden, weight + two [N] vectors; with    | numerical_linear_loss (its only one); |
 |           | ce_weights grad_hidden [N, h] and, on the | its passes as "compiled" on CUDA, as  |
 |           | "forward" route, an fp32 grad_weight      | "recompute" elsewhere                 |
@@ -77,7 +78,9 @@ def _linear_kernel(kernel: str, inplace: bool) -> str:
     return "linear"
 
 
-def _chunk_tokens(kernel: str, chunk_tokens: Optional[int], shard: VocabShard, n: int) -> int:
+def _chunk_tokens(
+    kernel: str, chunk_tokens: Optional[int], shard: VocabShard, n: int, inplace: bool
+) -> int:
     if chunk_tokens is not None:
         if kernel == "softmax":
             raise ValueError(
@@ -89,6 +92,8 @@ def _chunk_tokens(kernel: str, chunk_tokens: Optional[int], shard: VocabShard, n
         return recompute.default_chunk_tokens(shard.local_size)
     if kernel == "linear":
         return linear.default_chunk_tokens(shard.local_size, n)
+    if kernel == "compiled":
+        return recompute.compiled_chunk_tokens(shard.local_size, n, inplace)
     return max(1, n)
 
 
@@ -113,9 +118,11 @@ def digit_cross_entropy(
     tp_group=None: the logits (weight) hold the WHOLE vocab, not "the default TP group".
     inplace=True lets the logits be overwritten (by the gradient; with "softmax", fp32 logits by
     the softmax first) to save one [N, V/tp] buffer. validate checks labels against the vocab
-    (one host sync) and that shard sizes agree. chunk_tokens: rows a pass takes at once
-    (defaults: "recompute" 8 MiB of fp32, "compiled" all rows, "linear" 256 MiB of fp32 logits
-    and at most an eighth of the rows; "softmax" always takes all rows). ce_weights [N] (linear
+    (on the device, no host sync) and that shard sizes agree (read on the host the first time a
+    group sees a shard size). chunk_tokens: rows a pass takes at once (defaults: "recompute"
+    8 MiB of fp32; "compiled" all rows, with inplace 256 MiB of fp32 and at most an eighth of
+    the rows; "linear" 256 MiB of fp32 logits and at most an eighth of the rows; "softmax"
+    always takes all rows). ce_weights [N] (linear
     kernel only): the weights the caller reduces ce by, up to a scalar; forward then forms the
     gradients and backward scales them, on the "forward" weight-gradient route
     (LinearDigitCrossEntropy). weight_gradient (linear kernel only): "forward", "backward" or
@@ -135,7 +142,7 @@ def digit_cross_entropy(
                 "ce_weights and weight_gradient apply to the linear kernel (hidden, weight) only"
             )
     shard = VocabShard.of(local_vocab, tp_group)
-    chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, n)
+    chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, n, inplace)
     vocab.check_vocab_size(shard.full_size)
     digits = DigitColumns.of(vocab, shard)
     plan = KernelPlan(

@@ -9,11 +9,13 @@ and one SUM all-reduce of an [N, 12] buffer (sum of exp | target logit | ten dig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple
+from functools import lru_cache
+from typing import NamedTuple, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
 
+from ..device import check_on_device, int_tensor, on_device
 from ..vocab import NUM_DIGITS, DigitVocab
 
 # A tensor-parallel group, or None: the logits hold the WHOLE vocabulary (no tensor parallelism).
@@ -62,38 +64,63 @@ class VocabShard:
 @dataclass(frozen=True)
 class DigitColumns:
     """The digits whose ids fall in this shard: their values k (0..9) and local columns, as
-    Python tuples (indexing with them needs no host sync)."""
+    Python tuples; index() gives them as int64 tensors on a device, made once per device
+    (indexing with a Python list copies it from the host every time: a sync on CUDA)."""
 
     digits: Tuple[int, ...]
     columns: Tuple[int, ...]
 
     @classmethod
     def of(cls, vocab: DigitVocab, shard: VocabShard) -> DigitColumns:
-        pairs = [
-            (k, i - shard.start)
-            for k, i in enumerate(vocab.digit_ids)
-            if shard.start <= i < shard.end
-        ]
-        return cls(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+        return _digit_columns(vocab, shard.start, shard.end)
+
+    def index(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(digits, columns), int64 [k] each, on `device`."""
+        return (
+            on_device(("digits", self.digits), device, int_tensor(self.digits)),
+            on_device(("columns", self.columns), device, int_tensor(self.columns)),
+        )
+
+    def read(self, logits: torch.Tensor) -> torch.Tensor:
+        """[N, k] this shard's digit logits (their columns of logits [N, V/tp])."""
+        return logits.index_select(-1, self.index(logits.device)[1])
 
     def write_into(self, packed_digits: torch.Tensor, logits: torch.Tensor) -> None:
         """packed_digits [N, 10] (zeros) gets this shard's digit logits at their digits."""
         if self.columns:
-            packed_digits[:, list(self.digits)] = logits[:, list(self.columns)].to(
-                packed_digits.dtype
-            )
+            digits, _ = self.index(logits.device)
+            packed_digits.index_copy_(-1, digits, self.read(logits).to(packed_digits.dtype))
+
+    def of_digits(self, per_digit: torch.Tensor) -> torch.Tensor:
+        """[N, k] this shard's digits' entries of per_digit [N, 10]."""
+        return per_digit.index_select(-1, self.index(per_digit.device)[0])
 
     def add_gradient_(self, grad: torch.Tensor, grad_digits: torch.Tensor) -> None:
         """grad [N, V/tp] += grad_digits [N, 10] at this shard's digit columns."""
         if self.columns:
-            columns = list(self.columns)
-            grad[:, columns] += grad_digits[:, list(self.digits)].to(grad.dtype)
+            _, columns = self.index(grad.device)
+            grad.index_add_(-1, columns, self.of_digits(grad_digits).to(grad.dtype))
+
+    def set_gradient_(self, grad: torch.Tensor, values: torch.Tensor) -> None:
+        """grad [N, V/tp] at this shard's digit columns becomes values [N, k]."""
+        grad.index_copy_(-1, self.index(grad.device)[1], values.to(grad.dtype))
 
     def within(self, start: int, end: int) -> DigitColumns:
         """The digits among local columns [start, end), numbered from start (a vocab tile)."""
-        both = zip(self.digits, self.columns, strict=True)
-        pairs = [(k, c - start) for k, c in both if start <= c < end]
-        return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+        return _within(self, start, end)
+
+
+@lru_cache(maxsize=256)
+def _digit_columns(vocab: DigitVocab, start: int, end: int) -> DigitColumns:
+    pairs = [(k, i - start) for k, i in enumerate(vocab.digit_ids) if start <= i < end]
+    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+
+
+@lru_cache(maxsize=1024)
+def _within(digits: DigitColumns, start: int, end: int) -> DigitColumns:
+    both = zip(digits.digits, digits.columns, strict=True)
+    pairs = [(k, c - start) for k, c in both if start <= c < end]
+    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
 
 
 class TargetRows(NamedTuple):
@@ -107,7 +134,8 @@ class TargetRows(NamedTuple):
     def of(
         cls, target: torch.Tensor, shard: VocabShard, ignore_index: int, validate: bool
     ) -> TargetRows:
-        """With `validate`, labels outside the whole vocab are refused (one host sync)."""
+        """With `validate`, labels outside the whole vocab are refused (check_labels_in_vocab:
+        no host sync)."""
         valid = target != ignore_index
         if validate:
             check_labels_in_vocab(target, valid, shard.full_size)
@@ -163,15 +191,23 @@ def check_chunk_tokens(chunk_tokens) -> int:
     return chunk_tokens
 
 
+LABELS_OUTSIDE = (
+    "labels hold ids outside the vocabulary of {full_size} ids; mark ignored positions with "
+    "ignore_index, or check that the logits are the whole vocab (tp_group=None) or this rank's "
+    "shard of it"
+)
+
+
 def check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: int) -> None:
+    """Refuse labels outside [0, full_size) on rows that count, on the device (no host sync;
+    check_on_device: ValueError on a CPU, a device-side assert on CUDA)."""
     bad = valid & ((target < 0) | (target >= full_size))
-    if bool(bad.any()):
+
+    def found() -> str:
         values = target[bad]
-        raise ValueError(
-            f"labels hold ids outside the vocabulary of {full_size} ids (min {int(values.min())}, "
-            f"max {int(values.max())}); mark ignored positions with ignore_index, or check that "
-            "the logits are the whole vocab (tp_group=None) or this rank's shard of it"
-        )
+        return f" (min {int(values.min())}, max {int(values.max())})"
+
+    check_on_device(~bad.any(), LABELS_OUTSIDE.format(full_size=full_size), found)
 
 
 def new_maxima(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -179,15 +215,23 @@ def new_maxima(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     return torch.empty(n + 2, dtype=dtype, device=device)
 
 
+# (group, local_size) pairs whose shard sizes were checked across the group (global_row_max).
+_SIZES_CHECKED: Set[Tuple[object, int]] = set()
+
+
 def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -> torch.Tensor:
     """The MAX all-reduce. maxima [N + 2] holds this shard's row maxima in its first N entries;
     the last two carry +-local_size, so that every rank sees the same shard-size verdict and all
-    of them raise together (no collective is left waiting). Returns the global maxima [N]."""
-    maxima[-2] = shard.local_size
-    maxima[-1] = -shard.local_size
+    of them raise together (no collective is left waiting). The verdict is read on the host
+    (one sync) the first time a group sees a shard size; later calls with the same sizes skip
+    it. Returns the global maxima [N]."""
+    n = maxima.numel() - 2
+    maxima.narrow(0, n, 1).fill_(shard.local_size)
+    maxima.narrow(0, n + 1, 1).fill_(-shard.local_size)
     shard.all_reduce(maxima, dist.ReduceOp.MAX)
-    if check_sizes and shard.world_size > 1:
-        largest, neg_smallest = maxima[-2].item(), maxima[-1].item()
+    key = (shard.group, shard.local_size)
+    if check_sizes and shard.world_size > 1 and key not in _SIZES_CHECKED:
+        largest, neg_smallest = maxima[n:].tolist()
         if largest != -neg_smallest:
             raise ValueError(
                 f"tensor-parallel logits shards disagree in size (between {int(-neg_smallest)} "
@@ -195,7 +239,8 @@ def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -
                 "hold an equal contiguous vocab shard, as Megatron's ColumnParallelLinear output "
                 "layer gives (pad the vocab to a multiple of the tensor-parallel size)"
             )
-    return maxima[:-2]
+        _SIZES_CHECKED.add(key)
+    return maxima[:n]
 
 
 def new_packed(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -8,13 +8,19 @@ maxima after the MAX all-reduce. Backward converts each chunk again and writes t
 logits' dtype. Peak memory: the logits, their gradient and one chunk.
 
 "recompute" runs the two passes eagerly on chunks of a few MiB (they stay in cache on a CPU);
-"compiled" runs each pass as one torch.compile'd kernel over all rows (the CUDA default).
+"compiled" runs each pass as one torch.compile'd kernel over all rows (the CUDA default), written
+pointwise so that TorchInductor fuses each into one loop: forward reads the logits and writes [N]
+vectors, backward reads them and writes the gradient in their dtype, once; neither holds anything
+of [N, V/tp] in fp32. Where torch.compile is off or fails, "compiled" runs the eager passes over
+chunks as "recompute" does (logged once; CompiledPass).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from functools import cache
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Set, Tuple
 
 import torch
 
@@ -33,8 +39,13 @@ from .common import (
     target_logit,
 )
 
+logger = logging.getLogger(__name__)
+
 # fp32 bytes of one eager chunk.
 EAGER_CHUNK_BYTES = 8 * 2**20
+# fp32 bytes of one compiled chunk when the gradient overwrites the logits (inplace): the pass
+# writes a new buffer that is copied over its rows, so it is kept small beside them.
+COMPILED_INPLACE_CHUNK_BYTES = 256 * 2**20
 
 
 def default_chunk_tokens(local_vocab: int) -> int:
@@ -42,8 +53,17 @@ def default_chunk_tokens(local_vocab: int) -> int:
     return rows_per_chunk(local_vocab, EAGER_CHUNK_BYTES)
 
 
+def compiled_chunk_tokens(local_vocab: int, tokens: int, inplace: bool) -> int:
+    """Rows a compiled pass takes at once: all of them, or with inplace at most
+    COMPILED_INPLACE_CHUNK_BYTES of fp32 and an eighth of the rows."""
+    if not inplace:
+        return max(1, tokens)
+    return max(1, min(rows_per_chunk(local_vocab, COMPILED_INPLACE_CHUNK_BYTES), -(-tokens // 8)))
+
+
 def max_and_sum_exp(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """[c, V/tp] -> row maxima [c] and sum_v exp(logits - maxima) [c], in the compute dtype."""
+    """[c, V/tp] -> row maxima [c] and sum_v exp(logits - maxima) [c], in the compute dtype
+    (eager: one working copy of the chunk, changed in place)."""
     work = logits.to(compute_dtype(logits), copy=True)
     row_max = work.amax(dim=-1)
     return row_max, work.sub_(row_max.unsqueeze(-1)).exp_().sum(dim=-1)
@@ -58,7 +78,8 @@ def softmax_minus_onehot(
 ) -> torch.Tensor:
     """(softmax - onehot) * scale for [c, V/tp] logits, in their dtype. The softmax is
     exp((logits - shift) - log_sum_exp), exact for logits of any size; onehot_column [c] is the
-    local target column, -1 where this shard holds none."""
+    local target column, -1 where this shard holds none. (Eager: one working copy of the chunk,
+    changed in place.)"""
     work = logits.to(shift.dtype, copy=True)
     work.sub_(shift.unsqueeze(-1)).sub_(log_sum_exp.unsqueeze(-1)).exp_()
     work.mul_(scale.unsqueeze(-1))
@@ -67,13 +88,129 @@ def softmax_minus_onehot(
     return work.to(logits.dtype)
 
 
-@cache
+def max_and_sum_exp_pointwise(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """max_and_sum_exp without a working copy: two row reductions over the logits, which
+    TorchInductor fuses into one loop that writes [c] vectors only."""
+    _refuse_eager()
+    work = logits.to(compute_dtype(logits))
+    row_max = work.amax(dim=-1)
+    return row_max, torch.exp(work - row_max.unsqueeze(-1)).sum(dim=-1)
+
+
+def softmax_minus_onehot_pointwise(
+    logits: torch.Tensor,
+    shift: torch.Tensor,
+    log_sum_exp: torch.Tensor,
+    scale: torch.Tensor,
+    onehot_column: torch.Tensor,
+) -> torch.Tensor:
+    """softmax_minus_onehot as one pointwise expression (the target column found by comparing
+    the column number with onehot_column, not scattered into a buffer), which TorchInductor
+    fuses into one loop writing the gradient in the logits' dtype and nothing else. The same
+    arithmetic, so the same values."""
+    _refuse_eager()
+    probs = torch.exp((logits.to(shift.dtype) - shift.unsqueeze(-1)) - log_sum_exp.unsqueeze(-1))
+    grad = probs * scale.unsqueeze(-1)
+    column = torch.arange(logits.size(-1), device=logits.device)
+    is_target = column == onehot_column.unsqueeze(-1)
+    return torch.where(is_target, grad - scale.unsqueeze(-1), grad).to(logits.dtype)
+
+
+class _RanEagerly(Exception):
+    """A torch.compile'd pass was about to run as plain Python (compilation disabled, or an
+    error that Dynamo suppressed)."""
+
+
+def _refuse_eager() -> None:
+    """The pointwise passes run under torch.compile only: where Dynamo would run one eagerly
+    over all rows (an fp32 copy of them all), it raises _RanEagerly before any work instead
+    (CompiledPass then takes the eager passes in chunks). Traced, this is a constant."""
+    if not torch.compiler.is_compiling():
+        raise _RanEagerly
+
+
+# Why the compiled passes run eagerly in this process (logged once each).
+_FALLBACKS: Set[str] = set()
+# Set once a compilation failed: the passes stay eager from then on (no retry each call).
+_COMPILE_FAILED: Set[str] = set()
+
+
+def _fall_back(reason: str) -> None:
+    if reason not in _FALLBACKS:
+        _FALLBACKS.add(reason)
+        logger.warning(
+            "del_megatron: the 'compiled' kernel runs its passes eagerly in chunks of %d MiB "
+            "(as 'recompute'): %s",
+            EAGER_CHUNK_BYTES // 2**20,
+            reason,
+        )
+
+
+class CompiledPass:
+    """A pass torch.compile'd (dynamic shapes, one graph) over all rows it is given; where
+    compilation is off or fails, the eager pass over EAGER_CHUNK_BYTES of fp32 rows at a time,
+    so that nothing of [N, V/tp] in fp32 is ever made (logged once). Fake tensors
+    (FakeTensorMode) take the eager route without a word."""
+
+    def __init__(self, pointwise: Callable, eager: Callable) -> None:
+        self.eager = eager
+        self.compiled = torch.compile(pointwise, dynamic=True, fullgraph=True)
+        functools.update_wrapper(self, pointwise)
+
+    def __call__(self, logits: torch.Tensor, *rest: torch.Tensor):
+        from torch._guards import detect_fake_mode
+
+        if not _COMPILE_FAILED and detect_fake_mode((logits, *rest)) is None:
+            try:
+                return self.compiled(logits, *rest)
+            except _RanEagerly:
+                _fall_back(
+                    "torch.compile is disabled here (TORCH_COMPILE_DISABLE=1 or "
+                    "torch._dynamo.config.disable) or suppressed a compile error"
+                )
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # any compile failure: the eager passes give the same
+                _COMPILE_FAILED.add(type(exc).__name__)
+                _fall_back(f"torch.compile failed ({type(exc).__name__}: {exc})".split("\n")[0])
+        return _in_chunks(self.eager, logits, *rest)
+
+
+def _in_chunks(eager: Callable, logits: torch.Tensor, *rows: torch.Tensor):
+    """eager(logits, *rows) over EAGER_CHUNK_BYTES of fp32 rows at a time: ([n], [n]) for
+    the first pass, [n, V/tp] for the second."""
+    n, step = logits.size(0), default_chunk_tokens(logits.size(-1))
+    if step >= n:
+        return eager(logits, *rows)
+    parts = [slice(start, start + step) for start in range(0, n, step)]
+    if not rows:  # the first pass: row maxima and sums of exp
+        dtype = compute_dtype(logits)
+        row_max = torch.empty(n, dtype=dtype, device=logits.device)
+        sum_exp = torch.empty_like(row_max)
+        for part in parts:
+            row_max[part], sum_exp[part] = eager(logits[part])
+        return row_max, sum_exp
+    grad = torch.empty_like(logits)
+    for part in parts:
+        grad[part] = eager(logits[part], *(r[part] for r in rows))
+    return grad
+
+
 def passes(compiled: bool) -> Tuple[Callable, Callable]:
-    """The forward and backward passes, torch.compile'd (dynamic shapes) or eager."""
-    fns = (max_and_sum_exp, softmax_minus_onehot)
+    """The forward and backward passes: eager, or torch.compile'd pointwise forms (CompiledPass:
+    one graph each for any number of rows, falling back to the eager passes in chunks). The
+    same objects at every call."""
     if not compiled:
-        return fns
-    return tuple(torch.compile(fn, dynamic=True) for fn in fns)
+        return max_and_sum_exp, softmax_minus_onehot
+    return _compiled_passes()
+
+
+@cache
+def _compiled_passes() -> Tuple[CompiledPass, CompiledPass]:
+    return (
+        CompiledPass(max_and_sum_exp_pointwise, max_and_sum_exp),
+        CompiledPass(softmax_minus_onehot_pointwise, softmax_minus_onehot),
+    )
 
 
 def statistics(
@@ -131,14 +268,13 @@ def gradient_into(
     scale = torch.zeros_like(shift) if grad_ce is None else torch.where(rows.valid, grad_ce, 0.0)
     scale = scale.to(shift.dtype)
     onehot_column = rows.onehot_column()
-    n = logits.size(0)
-    digits, columns = list(plan.digits.digits), list(plan.digits.columns)
+    n, digits = logits.size(0), plan.digits
     # Digit logits are read before an in-place gradient overwrites them.
     digit_logits = None
-    if columns and forward_values is not None:
-        digit_logits = forward_values[1][:, digits].to(shift.dtype)
-    elif columns:
-        digit_logits = logits[:, columns].to(shift.dtype)
+    if digits.columns and forward_values is not None:
+        digit_logits = digits.of_digits(forward_values[1]).to(shift.dtype)
+    elif digits.columns:
+        digit_logits = digits.read(logits).to(shift.dtype)
     if grad is None and step >= n:
         grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
     else:
@@ -150,14 +286,14 @@ def gradient_into(
             )
     if forward_values is not None:
         _set_target_gradient_(grad, forward_values[0], scale, onehot_column)
-    if columns:
+    if digits.columns:
         # The digit columns get their whole gradient in the compute dtype, rounded once.
         probs = torch.exp(digit_logits - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
-        hit = onehot_column.unsqueeze(-1) == torch.tensor(columns, device=logits.device)
+        hit = onehot_column.unsqueeze(-1) == digits.index(logits.device)[1]
         digit_grad = (probs - hit.to(probs.dtype)) * scale.unsqueeze(-1)
         if grad_digits is not None:
-            digit_grad += grad_digits[:, digits].to(digit_grad.dtype)
-        grad[:, columns] = digit_grad.to(grad.dtype)
+            digit_grad += digits.of_digits(grad_digits).to(digit_grad.dtype)
+        digits.set_gradient_(grad, digit_grad)
     return grad
 
 
@@ -221,7 +357,8 @@ class RecomputeDigitCrossEntropy(torch.autograd.Function):
 
 
 class CompiledDigitCrossEntropy(RecomputeDigitCrossEntropy):
-    """The recompute kernel with each pass torch.compile'd (by default over all rows at once)."""
+    """The recompute kernel with each pass torch.compile'd (by default over all rows at once;
+    CompiledPass)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, plan: KernelPlan):

@@ -1,0 +1,68 @@
+"""What keeps the host out of the per-step path: small constant tensors made once per device,
+and input checks made on the device.
+
+On CUDA a host sync (.item(), bool(), .tolist(), a Python list used as an index, a blocking
+host-to-device copy) drains the stream, so the CPU can no longer queue work ahead of the GPU,
+and it cannot be captured into a CUDA graph. The loss path keeps its index tensors on the
+device (on_device) and checks values there (check_on_device).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+# (key, device) -> the tensor on_device made for it.
+_MADE: Dict[Tuple, torch.Tensor] = {}
+
+
+def on_device(
+    key: Tuple, device: torch.device, make: Callable[[torch.device], torch.Tensor]
+) -> torch.Tensor:
+    """make(device), made once per (key, device) and kept; callers must not write into it.
+    `make` should fill its tensor on the device with scalar fills (int_tensor), which copy
+    nothing from the host, so even the first call does not sync. Not kept while tensors are
+    fake (FakeTensorMode), traced by torch.compile or captured into a CUDA graph: each call
+    makes its own there."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not _keepable(device):
+        return make(device)
+    tensor = _MADE.get((key, device))
+    if tensor is None:
+        tensor = _MADE[(key, device)] = make(device)
+    return tensor
+
+
+def _keepable(device: torch.device) -> bool:
+    from torch._guards import detect_fake_mode
+
+    if detect_fake_mode() is not None or torch.compiler.is_compiling():
+        return False
+    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def int_tensor(values: Tuple[int, ...]) -> Callable[[torch.device], torch.Tensor]:
+    """make(device) for on_device: int64 [len(values)] holding values, filled on the device."""
+
+    def make(device: torch.device) -> torch.Tensor:
+        tensor = torch.empty(len(values), dtype=torch.long, device=device)
+        for position, value in enumerate(values):
+            tensor.narrow(0, position, 1).fill_(value)
+        return tensor
+
+    return make
+
+
+def check_on_device(
+    ok: torch.Tensor, message: str, details: Optional[Callable[[], str]] = None
+) -> None:
+    """Refuse unless the bool tensor `ok` [] holds, without a host sync (torch._assert_async).
+    On a CPU the check runs at once and raises ValueError(message, with details() when given);
+    on CUDA a failing check stops the step with a device-side assert carrying `message`."""
+    try:
+        torch._assert_async(ok, message)
+    except RuntimeError:
+        extra = details() if details is not None else ""
+        raise ValueError(message + extra) from None
