@@ -206,7 +206,13 @@ def check_megatron_lm_glue(seed: int, per_token: bool) -> None:
             mask = torch.ones(shape)
             return output, partial(dmm.numerical_loss_func, mask)
 
-        args = types.SimpleNamespace(numerical_loss="del", calculate_per_token_loss=per_token)
+        args = types.SimpleNamespace(
+            numerical_loss="del",
+            calculate_per_token_loss=per_token,
+            global_batch_size=GLOBAL_BATCH,
+            micro_batch_size=size,
+            data_parallel_size=1,
+        )
         # As Megatron-LM's registration does: the step accounting is made on first use.
         dmm.register(CFG, step_accounting=partial(lm.step_accounting, CFG, args))
         try:
@@ -233,3 +239,156 @@ def check_megatron_lm_glue(seed: int, per_token: bool) -> None:
         )
     finally:
         destroy_num_microbatches_calculator()
+
+
+def _whole_batch_reference(model, tokens, labels, positions, tp_group):
+    """Mean CE + alpha * sum(term) / digits over the whole batch, from `model`'s logits."""
+    logits = model(tokens, positions, None)  # [b, s, V/tp]
+    parts = dm.numerical_lm_loss(labels, logits.transpose(0, 1), CFG, tp_group, True)
+    return parts.ce.mean() + CFG.alpha * parts.term.sum() / parts.is_digit.sum()
+
+
+def _lm_step(model, batches, size: int, forward_only: bool = False) -> torch.Tensor:
+    """One Megatron-LM-style step (data on tensor-parallel rank 0 of each DP rank, lm.counted,
+    the batch broadcast over TP) through Megatron's schedule: the logged lm loss, sum / count
+    over the micro-batches and the DP ranks."""
+    from megatron.core import parallel_state as ps
+
+    from del_megatron.megatron import lm
+
+    data = iter(batches) if ps.get_tensor_model_parallel_rank() == 0 else None
+    seq = batches[0]["tokens"].size(1)
+
+    def forward_step(data_iterator, model):
+        data_iterator = lm.counted(data_iterator, model)
+        batch = next(data_iterator) if data_iterator is not None else None
+        received = [torch.empty((size, seq), dtype=torch.long) for _ in range(2)]
+        if batch is not None:
+            received = [batch["tokens"].clone(), batch["labels"].clone()]
+        for t in received:
+            dist.broadcast(
+                t, src=ps.get_tensor_model_parallel_src_rank(),
+                group=ps.get_tensor_model_parallel_group(),
+            )  # fmt: skip
+        positions = torch.arange(seq).expand(size, seq)
+        output = model(received[0], positions, None, labels=received[1])
+        return output, partial(dmm.numerical_loss_func, torch.ones((size, seq)))
+
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    reports = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=data,
+        model=[model],
+        num_microbatches=len(batches),
+        seq_length=seq,
+        micro_batch_size=size,
+        forward_only=forward_only,
+    )
+    summed = torch.stack([r["lm loss"] for r in reports]).sum(0)
+    dist.all_reduce(summed, group=ps.get_data_parallel_group())
+    return summed[0] / summed[1]
+
+
+def _dict_batches(tokens, labels, rows: slice, size: int):
+    tokens, labels = tokens[rows], labels[rows]
+    return [
+        {"tokens": tokens[i : i + size], "labels": labels[i : i + size]}
+        for i in range(0, tokens.size(0), size)
+    ]
+
+
+def check_evaluation_counts_its_own_micro_batches(seed: int) -> None:
+    """An evaluation step with its own micro-batch size (core 0.18+'s --eval-micro-batch-size and
+    --eval-global-batch-size; or a batch-size ramp-up, where evaluation uses the final batch)
+    runs a different number of micro-batches than a training step: lm.counted counts the
+    evaluation iterator by the evaluation count, so the logged validation lm loss under the
+    "digit" reduction is the whole evaluation batch's (DP 2, training: 2 micro-batches of 2
+    rows a rank; evaluation: 4 of 1)."""
+    import types
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+
+    from del_megatron.megatron import lm
+
+    dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    tokens, labels, positions = global_batch(seed)
+    args = types.SimpleNamespace(
+        global_batch_size=GLOBAL_BATCH,
+        micro_batch_size=2,
+        eval_global_batch_size=GLOBAL_BATCH,
+        eval_micro_batch_size=1,
+        data_parallel_size=dp,
+        calculate_per_token_loss=False,
+    )
+    assert lm.eval_num_microbatches(args) == 4
+    share = slice(rank * GLOBAL_BATCH // dp, (rank + 1) * GLOBAL_BATCH // dp)
+    init_num_microbatches_calculator(dist.get_rank(), None, GLOBAL_BATCH, 2, dp)
+    try:
+        model = build_gpt(1)
+        dmm.register(CFG, step_accounting=partial(lm.step_accounting, CFG, args))
+        try:
+            model.train()
+            _lm_step(model, _dict_batches(tokens, labels, share, 2), 2)
+            model.eval()
+            with torch.no_grad():
+                got = _lm_step(model, _dict_batches(tokens, labels, share, 1), 1, True)
+        finally:
+            dmm.unregister()
+    finally:
+        destroy_num_microbatches_calculator()
+    with torch.no_grad():  # the weights are unchanged: no optimizer steps here
+        want = _whole_batch_reference(model, tokens, labels, positions, None)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=0)
+
+
+def check_the_accounting_follows_new_process_groups(seed: int) -> None:
+    """An in-process restart (NVRx) destroys the process groups and makes new ones, then trains
+    again in the same process with the same registration: the step accounting made on the old
+    groups is made again on the new ones (checked when the new model and iterators arrive), so
+    the "digit" reduction still gives the whole-batch loss. Real gloo groups, destroyed and
+    re-made, at TP 2 (the counts are broadcast over the tensor-parallel group)."""
+    import types
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+
+    from del_megatron.megatron import accounting, lm
+
+    tp = dist.get_world_size()
+    tokens, labels, positions = global_batch(seed)
+    args = types.SimpleNamespace(
+        global_batch_size=GLOBAL_BATCH, micro_batch_size=2, data_parallel_size=1
+    )
+    init_num_microbatches_calculator(dist.get_rank(), None, GLOBAL_BATCH, 2, 1)
+    dmm.register(CFG, step_accounting=partial(lm.step_accounting, CFG, args))
+    try:
+        losses, made = [], []
+        for attempt in range(2):
+            if attempt:  # the restart: Megatron's groups destroyed, new ones made
+                old = {id(g): g for g in lm.process_groups()}
+                ps.destroy_model_parallel()
+                for group in old.values():
+                    dist.destroy_process_group(group)
+                ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+            model = build_gpt(tp)  # pretrain() builds the model again
+            with torch.no_grad():
+                want = _whole_batch_reference(
+                    model, tokens, labels, positions, ps.get_tensor_model_parallel_group()
+                )
+            losses.append((_lm_step(model, _dict_batches(tokens, labels, slice(None), 2), 2), want))
+            made.append(accounting.active())
+    finally:
+        dmm.unregister()
+        destroy_num_microbatches_calculator()
+    assert made[0] is not made[1]
+    assert made[1].share_group is ps.get_tensor_model_parallel_group()
+    for got, want in losses:
+        torch.testing.assert_close(got, want.detach(), rtol=2e-6, atol=0)

@@ -28,3 +28,15 @@ def test_counting_needs_a_wrapped_iterator(gloo):
 @PER_TOKEN
 def test_megatron_lm_glue_shares_counts_over_tensor_parallel_ranks(gloo, per_token):
     gloo(2, tensor_model_parallel_size=2).run(workers.check_megatron_lm_glue, 5, per_token)
+
+
+def test_evaluation_steps_are_counted_by_the_evaluation_micro_batch_count(gloo):
+    gloo(2, tensor_model_parallel_size=1).run(
+        workers.check_evaluation_counts_its_own_micro_batches, 7
+    )
+
+
+def test_the_accounting_is_made_again_on_new_process_groups_after_a_restart(gloo):
+    gloo(2, tensor_model_parallel_size=2).run(
+        workers.check_the_accounting_follows_new_process_groups, 8
+    )

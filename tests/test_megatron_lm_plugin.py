@@ -75,11 +75,11 @@ def test_install_wraps_loss_func_and_forward_step_once():
     assert module.forward_step(iter([7]), "model") == (7, "model")
 
 
-def test_counted_makes_the_step_accounting_on_the_first_step_only():
+def check_counted_makes_the_step_accounting_on_the_first_step_only():
     made = []
 
     class Counting:
-        def wrap(self, iterator):
+        def wrap(self, iterator, microbatches=None):
             return (("counted", x) for x in iterator)
 
     def make_accounting(model):
@@ -97,6 +97,10 @@ def test_counted_makes_the_step_accounting_on_the_first_step_only():
     finally:
         dmm.unregister()
     assert lm.counted(data, "model") is data  # nothing left behind
+
+
+def test_counted_makes_the_step_accounting_on_the_first_step_only(gloo):
+    gloo(1).run(check_counted_makes_the_step_accounting_on_the_first_step_only)
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)

@@ -43,7 +43,9 @@ class DigitAccounting:
     share_group / share_src: ranks that compute the loss without reading data (Megatron-LM's
     tensor-parallel ranks other than the first) receive the counts by a broadcast from global
     rank share_src before every use. labels_and_mask: batch -> (labels [b, s], loss_mask [b, s]
-    or None); default reads a Megatron-LM dict batch.
+    or None); default reads a Megatron-LM dict batch. eval_microbatches: micro-batches an
+    evaluation step runs (an int or a function; None: as many as a training step), for the
+    caller to wrap evaluation iterators with.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class DigitAccounting:
         ranks: Optional[int] = None,
         share_group: Optional[dist.ProcessGroup] = None,
         share_src: int = 0,
+        eval_microbatches: Union[None, int, Callable[[], int]] = None,
     ) -> None:
         if not callable(num_microbatches) and (
             not isinstance(num_microbatches, int) or num_microbatches < 1
@@ -68,8 +71,11 @@ class DigitAccounting:
         self.per_token_loss, self.ignore_index = per_token_loss, ignore_index
         self.labels_and_mask = labels_and_mask
         self._ranks, self.share_group, self.share_src = ranks, share_group, share_src
+        self.eval_microbatches = eval_microbatches
         self.n_tokens: Optional[torch.Tensor] = None
         self.n_digits: Optional[torch.Tensor] = None
+        # Micro-batches of the window last counted: Megatron divides each one's loss by it.
+        self.microbatches: Optional[torch.Tensor] = None
         self._outer: Optional[DigitAccounting] = None
 
     @property
@@ -85,8 +91,9 @@ class DigitAccounting:
     def _device(self, group) -> str:
         return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
 
-    def count(self, batches: List[Any]) -> None:
-        """Count this rank's loss tokens and digit targets in `batches` and sum over the group."""
+    def count(self, batches: List[Any], microbatches: Optional[int] = None) -> None:
+        """Count this rank's loss tokens and digit targets in `batches` and sum over the group.
+        microbatches: how many the step runs (Megatron's divisor; default num_microbatches)."""
         counts = torch.zeros(2, dtype=torch.float64)
         for batch in batches:
             labels, mask = self.labels_and_mask(batch)
@@ -99,29 +106,39 @@ class DigitAccounting:
             counts = counts.to(self._device(self.group))
             dist.all_reduce(counts, group=self.group)
         self.n_tokens, self.n_digits = counts[0].cpu(), counts[1].cpu()
+        step = self.num_microbatches if microbatches is None else microbatches
+        self.microbatches = torch.tensor(float(step), dtype=torch.float64)
 
     def _share(self) -> None:
         """Broadcast the counts from share_src over share_group (-1: none yet)."""
-        counts = torch.full((2,), -1.0, dtype=torch.float64)
+        counts = torch.full((3,), -1.0, dtype=torch.float64)
         if self.n_digits is not None:
-            counts = torch.stack([self.n_tokens, self.n_digits])
+            counts = torch.stack([self.n_tokens, self.n_digits, self.microbatches])
         counts = counts.to(self._device(self.share_group))
         dist.broadcast(counts, src=self.share_src, group=self.share_group)
         if counts[1] >= 0:
-            self.n_tokens, self.n_digits = counts[0].cpu(), counts[1].cpu()
+            self.n_tokens, self.n_digits, self.microbatches = counts.cpu().unbind()
 
-    def wrap(self, data_iterator: Iterator) -> Iterator:
-        """The iterator's batches, counted a step (num_microbatches batches) at a time."""
+    def wrap(
+        self,
+        data_iterator: Iterator,
+        microbatches: Union[None, int, Callable[[], int]] = None,
+    ) -> Iterator:
+        """The iterator's batches, counted a step at a time: `microbatches` batches (an int, or a
+        function read at every step), by default num_microbatches (read at every step: it may
+        ramp up); pass eval_microbatches for an evaluation iterator."""
         while True:
+            step = self.num_microbatches if microbatches is None else microbatches
+            step = step() if callable(step) else step
             batches = []
-            for _ in range(self.num_microbatches):  # read at every step: it may ramp up
+            for _ in range(step):
                 try:
                     batches.append(next(data_iterator))
                 except StopIteration:
                     break
             if not batches:
                 return
-            self.count(batches)
+            self.count(batches, step)
             yield from batches
 
     def term_scale(self, microbatch_tokens: torch.Tensor) -> torch.Tensor:
@@ -137,7 +154,7 @@ class DigitAccounting:
         n_digits = self.n_digits.clamp(min=1.0)
         if self.per_token_loss:
             return self.n_tokens / n_digits
-        return self.num_microbatches * self.ranks * microbatch_tokens.double().cpu() / n_digits
+        return self.microbatches * self.ranks * microbatch_tokens.double().cpu() / n_digits
 
     def __enter__(self) -> DigitAccounting:
         """Make this the current registration's step accounting (register() first)."""

@@ -223,6 +223,15 @@ def _check_enabled(model: Any) -> None:
         )
 
 
+def _eval_microbatches(state: Any, model: Any) -> int:
+    """Micro-batches a Bridge evaluation step runs (training/eval.py): the validation config's
+    eval global batch over its eval micro-batch x the model's DP size (Bridge's config fills
+    them in from the training ones when unset)."""
+    validation = state.cfg.validation
+    dp = dist.get_world_size(process_groups(model)[0])
+    return validation.eval_global_batch_size // (validation.eval_micro_batch_size * dp)
+
+
 def make_forward_step(base_forward_step: Callable) -> Callable:
     """A Bridge forward step `(state, data_iterator, model, return_schedule_plan=False)` that
     runs `base_forward_step` (same signature, returning (output, partial(loss_fn, loss_mask,
@@ -236,7 +245,9 @@ def make_forward_step(base_forward_step: Callable) -> Callable:
         return_schedule_plan: bool = False,
     ):
         _check_enabled(model)
-        data_iterator = counted(data_iterator, model)
+        data_iterator = counted(
+            data_iterator, model, functools.partial(_eval_microbatches, state, model)
+        )
         output, loss_function = base_forward_step(state, data_iterator, model, return_schedule_plan)
         return output, wrap_loss_function(loss_function, model)
 

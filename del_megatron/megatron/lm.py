@@ -19,8 +19,9 @@ import argparse
 import functools
 import re
 import sys
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple, Union
 
+import torch
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
@@ -38,6 +39,7 @@ __all__ = [
     "chain_extra_args",
     "counted",
     "destroy_process_groups",
+    "eval_num_microbatches",
     "help_with_flags",
     "install",
     "make_loss_func",
@@ -73,12 +75,22 @@ def process_groups(model: Any = None) -> Tuple[Any, Any, Any]:
     )
 
 
+def eval_num_microbatches(args: Any) -> int:
+    """Micro-batches a Megatron-LM evaluation step runs (training.evaluate): the eval global
+    batch over eval micro-batch x DP (x GTP weight remat, core 0.19). Core 0.16 has no eval
+    sizes: the training ones at their final value, not ramp-up's."""
+    batch = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+    micro = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
+    remat = getattr(args, "gtp_weight_remat_size", None) or 1
+    return batch // (micro * args.data_parallel_size * remat)
+
+
 def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> DigitAccounting:
     """The "digit" reduction over Megatron-LM's whole step. Its data iterators yield whole
     sequences on tensor-parallel rank 0 of each DP rank (CP slices them later), so counts are
     summed over the DP group, and the other tensor-parallel ranks receive them by broadcast.
     The groups are the model's pg_collection (decentralized process groups) when it has one,
-    else Megatron's parallel_state."""
+    else Megatron's parallel_state. Evaluation steps run eval_num_microbatches(args)."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
     dp, dp_cp, tp = process_groups(model)
@@ -91,25 +103,65 @@ def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> D
         ranks=dist.get_world_size(dp_cp),
         share_group=tp,
         share_src=dist.get_global_rank(tp, 0),
+        eval_microbatches=functools.partial(eval_num_microbatches, args),
     )
 
 
-def counted(data_iterator: Optional[Iterator], model: Any = None) -> Optional[Iterator]:
+def _evaluating(model: Any) -> bool:
+    """Whether Megatron runs `model` (a chunk, or the list of them) in an evaluation step."""
+    inner = unwrapped_model(model)
+    return isinstance(inner, torch.nn.Module) and not inner.training
+
+
+def _current_accounting(registration: state.Registration, model: Any) -> Optional[DigitAccounting]:
+    """The registration's step accounting, made on first use and made again when the model's
+    process groups are no longer the ones it holds (an in-process restart destroys and remakes
+    them; the iterators counted with the old ones are forgotten)."""
+    if registration.make_accounting is None:
+        return registration.accounting
+    groups = process_groups(model)
+    held = registration.accounting_groups
+    same = len(held) == len(groups) and all(a is b for a, b in zip(held, groups, strict=True))
+    if registration.accounting is None or not same:
+        registration.accounting = registration.make_accounting(model)
+        registration.accounting_groups = groups
+        registration.counted.clear()
+    return registration.accounting
+
+
+def counted(
+    data_iterator: Optional[Iterator],
+    model: Any = None,
+    eval_microbatches: Union[None, int, Callable[[], int]] = None,
+) -> Optional[Iterator]:
     """forward_step's data iterator, counted a step at a time when a step-wide "digit"
-    reduction is registered (one wrapper per iterator, for every micro-batch of the step);
-    unchanged otherwise. The first call makes the step accounting (all ranks, with or without
-    an iterator: tensor-parallel ranks without data receive the counts)."""
+    reduction is registered (one wrapper per iterator, for every micro-batch of the step; an
+    evaluation iterator by the evaluation step's micro-batch count); unchanged otherwise. The
+    accounting is made on the first call (all ranks, with or without an iterator:
+    tensor-parallel ranks without data receive the counts), and checked against the model's
+    process groups when an iterator or a model is new, not on every micro-batch.
+    eval_microbatches: an evaluation step's micro-batch count (an int or a function), when the
+    accounting does not know it (Bridge's is in its state)."""
     registration = state.current()
     if registration is None:
         return data_iterator
-    if registration.accounting is None and registration.make_accounting is not None:
-        registration.accounting = registration.make_accounting(model)
-    if registration.accounting is None or data_iterator is None:
-        return data_iterator
     key = id(data_iterator)
     known = registration.counted.get(key)
+    new_iterator = data_iterator is not None and (known is None or known[0] is not data_iterator)
+    new_model = registration.counted_models.get(id(model)) is not model
+    if new_iterator or new_model or registration.accounting is None:
+        registration.counted_models[id(model)] = model
+        accounting = _current_accounting(registration, model)
+        known = registration.counted.get(key)
+    else:
+        accounting = registration.accounting
+    if accounting is None or data_iterator is None:
+        return data_iterator
     if known is None or known[0] is not data_iterator:
-        known = (data_iterator, registration.accounting.wrap(data_iterator))
+        microbatches = None
+        if _evaluating(model):
+            microbatches = eval_microbatches or getattr(accounting, "eval_microbatches", None)
+        known = (data_iterator, accounting.wrap(data_iterator, microbatches))
         registration.counted[key] = known
     return known[1]
 

@@ -35,7 +35,9 @@ class Registration:
     first training step (None: the "digit" reduction is per micro-batch, or not used).
     logits_free: GPTModel computes the loss from the output layer's input (logits_free.py):
     True, or the weight gradient's route ("auto", "forward", "backward").
-    checked_models: the models whose configuration the loss hook has checked (by id)."""
+    accounting_groups: the process groups the accounting was made with; counted_models: the
+    models lm.counted has seen (by id); checked_models: the models whose configuration the loss
+    hook has checked (by id)."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
@@ -44,6 +46,8 @@ class Registration:
     records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)
     logged: Set[str] = field(default_factory=set)
+    accounting_groups: Tuple[Any, ...] = ()
+    counted_models: Dict[int, Any] = field(default_factory=dict)
     checked_models: Dict[int, Any] = field(default_factory=dict)
 
 
