@@ -189,6 +189,55 @@ def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
             assert got == pytest.approx(entries, rel=1e-5, abs=1e-7), iteration
 
 
+# The flags GPU users train with, on 2 CPU ranks as DP 2: bf16 (the masked-softmax fusion is
+# a CUDA kernel), the distributed optimizer with overlapped gradient reduce-scatter and
+# parameter all-gather, DDP buckets small enough that the untied output weight fills one of its
+# own, MTP (which needs RoPE). Gradient-accumulation fusion stays off (apex's CUDA extension);
+# its protocol is tested in tests/test_megatron_ddp.py, with a stand-in for the extension.
+GPU_FLAGS = TINY_GPT + MOCK_DATA + DEL + ["--bf16", "--no-masked-softmax-fusion"]
+GPU_FLAGS += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+GPU_FLAGS += ["--ddp-bucket-size", "1000", "--untie-embeddings-and-output-weights"]
+GPU_FLAGS += ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]
+BF16_EPS = 2**-8
+
+
+@newest_tag
+def test_the_gpu_flag_set_trains_logits_free_as_it_trains_materialised(trainers, tag):
+    """GPU_FLAGS with and without --del-logits-free through Megatron-LM's own pretrain(): both
+    train 10 iterations, and every value Megatron-LM logs (lm loss, the DEL telemetry, mtp_1
+    loss, grad norm, ..., every iteration and both validations) agrees.
+
+    Tolerance. Iteration 1 starts from the same weights on the same batch: every loss and
+    telemetry value to Megatron-LM's 7 printed digits. From iteration 2 on, to one bf16 epsilon
+    (2^-8) relative: the run is in bf16, and the two paths round the same bf16 gradients at
+    different points (the logits-free weight gradient sums chunks or vocab tiles in fp32, the
+    materialised GEMM rounds once), so the weights differ by bf16 roundings after the first
+    update; the grad norm, a sum of those gradients, likewise from iteration 1. The digit
+    accuracy may differ by one digit target (an argmax between two digit logits within bf16
+    rounding of each other; 10 or more digit targets a step here)."""
+    trainer = trainers(tag, PATCHED)
+    if not core_supports():
+        _assert_logits_free_refused(trainer)
+        return
+    materialised = trainer.run("gpu-flags", GPU_FLAGS)
+    logits_free = trainer.run("gpu-flags-logits-free", GPU_FLAGS + LOGITS_FREE)
+    for run in (materialised, logits_free):
+        assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
+    assert "mtp_1 loss" in materialised.iterations[1]
+    steps = [(i, materialised.iterations[i], logits_free.iterations[i]) for i in range(1, 11)]
+    steps += [(f"validation {i}", want, logits_free.validation[i]) for i, want in
+              materialised.validation.items()]  # fmt: skip
+    assert sorted(materialised.validation) == sorted(logits_free.validation) == [5, 10]
+    for step, want, got in steps:
+        assert got.keys() == want.keys(), step
+        for key, value in want.items():
+            exact = step == 1 and key != "grad norm"
+            tolerance = dict(rel=PRINTED) if exact else dict(rel=BF16_EPS, abs=1e-6)
+            if key == "digit acc" and not exact:
+                tolerance = dict(abs=0.1 + 1e-6)
+            assert got[key] == pytest.approx(value, **tolerance), (step, key, got[key], value)
+
+
 # Large enough for the logits to show in the peak memory: 2048 tokens a micro-batch x 65536
 # vocab columns a rank = 512 MiB of fp32 logits a copy; the logits-free run's chunks are 256 MiB.
 BIG_VOCAB = TINY_GPT + MOCK_DATA + DEL + ["--vocab-size", "131071", "--seq-length", "512"]
