@@ -112,7 +112,7 @@ def check_model_config(config, logits_free: Optional[str] = None) -> None:
 def _check_model_once(module) -> None:
     """check_model_config for a model the loss hook sees for the first time in this
     registration (its config and logits-free setting; then nothing for it again), and for
-    logits-free an output weight that FSDP shards."""
+    logits-free its output layer: no bias, no MuP logit multiplier, no FSDP-sharded weight."""
     registration = state.current()
     if registration is None or id(module) in registration.checked_models:
         return
@@ -123,6 +123,8 @@ def _check_model_once(module) -> None:
     check_model_config(module.config, route)
     output_layer = getattr(module, "output_layer", None)
     if route is not None and output_layer is not None:
+        lf.check_no_logit_scaling(module.config)
+        lf.check_no_bias(output_layer)
         if getattr(module, "share_embeddings_and_output_weights", False):
             support.check_sharded_weight(module.shared_embedding_or_output_weight())
         elif getattr(output_layer, "weight", None) is not None:
@@ -353,7 +355,6 @@ def _logits_free_loss(
     module = context
     cfg = _resolve_cfg(module)
     _check_digit_ids(cfg)
-    lf.check_no_logit_scaling(module.config)
     lf.run_forward_pre_hooks(output_layer, hidden_states)
     weight = lf.output_weight(output_layer, output_weight)
     tp_group = _model_tp_group(module)

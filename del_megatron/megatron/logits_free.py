@@ -64,13 +64,16 @@ def check_model_supports(model: Any, forward_takes_output_processor: bool) -> No
         )
 
 
-def output_weight(output_layer: Any, shared_weight: Optional[torch.Tensor]) -> torch.Tensor:
-    """[V/tp, h]: the weight the output layer would multiply by (the embedding's when tied)."""
+def check_no_bias(output_layer: Any) -> None:
     if getattr(output_layer, "bias", None) is not None:
         raise ValueError(
             "the output layer has a bias, which the logits-free loss does not add; build the "
             "model without one (Megatron's GPT output layer has none) or drop --del-logits-free"
         )
+
+
+def output_weight(output_layer: Any, shared_weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """[V/tp, h]: the weight the output layer would multiply by (the embedding's when tied)."""
     weight = shared_weight if shared_weight is not None else output_layer.weight
     if weight is None:
         raise ValueError("the output layer has no weight and none was passed to it")
