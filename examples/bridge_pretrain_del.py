@@ -1,25 +1,28 @@
-"""Pretrain with DEL through Megatron-Bridge 0.6 (a recipe-style script).
+"""Pretrain or continue pretraining with DEL through Megatron-Bridge 0.6 (a recipe-style script).
 
-A Bridge recipe builds the ConfigContainer (model provider instance, data, optimizer,
-checkpointing); one call turns DEL on with the digit ids of the recipe's tokenizer, and Bridge's
-own pretrain() runs with del_megatron's forward step (telemetry, step-wide digit reduction).
-Checkpoints are ordinary Bridge checkpoints: `load_megatron_model` and AutoBridge's HF export
-treat them exactly as a cross-entropy run's.
+A ConfigContainer (model provider instance, data, optimizer, checkpointing) is built; one call
+turns DEL on with the digit ids of its tokenizer, and Bridge's own pretrain() or finetune()
+runs with del_megatron's forward step (telemetry, step-wide digit reduction). Checkpoints are
+ordinary Bridge checkpoints: examples/bridge_convert.py exports them to Hugging Face exactly as
+a cross-entropy run's. docs/continued-pretraining.md walks the whole path.
 
-    # Qwen2.5-0.5B recipe, mock data, DEL on (GPU; the tokenizer is fetched from the HF Hub)
+    # continued pretraining from a Hugging Face model converted with bridge_convert.py import:
+    # Bridge's finetune() loads the weights (no optimizer state, iteration 0), then resumes
+    # from --save on a restart; it refuses to start without a checkpoint
+    torchrun --nproc-per-node 8 examples/bridge_pretrain_del.py --hf-model Qwen/Qwen2.5-0.5B \\
+        --pretrained-checkpoint /ckpt/qwen25-0.5b-megatron \\
+        --data-path /data/numbers_text_document --save /ckpt/qwen25-del \\
+        --train-iters 2000 --alpha 0.01
+
+    # Qwen2.5-0.5B recipe from random weights, mock data (the tokenizer from the HF Hub)
     torchrun --nproc-per-node 1 examples/bridge_pretrain_del.py --alpha 0.01
 
-    # a tiny Qwen2-class model from a local config, mock data, 20 iterations
-    torchrun --nproc-per-node 1 examples/bridge_pretrain_del.py --tiny \\
-        --tokenizer /path/to/hf_tokenizer_dir --train-iters 20
+    # a tiny Qwen2-class model from a local config, built and printed, pretrain() not run
+    python examples/bridge_pretrain_del.py --tiny --tokenizer /path/to/hf_tokenizer_dir --dry-run
 
-    # CPU, from the repository root: build everything and stop before pretrain() (Bridge's
-    # training loop needs CUDA); without Transformer Engine installed, --dry-run imports
-    # Bridge with the tests' TE placeholder (tests/bridge_workers.py)
-    python examples/bridge_pretrain_del.py --tiny --tokenizer /path/to/dir --dry-run
-
-The tokenizer must split numbers one digit per token (Qwen2.5, Llama-2, Mistral, DeepSeek);
-the recipe's default NullTokenizer has no digits, so a Hugging Face tokenizer replaces it.
+--cpu runs on a machine without CUDA (gloo, fp32, Megatron-Core's local layers; the tests' CPU
+support, tests/bridge_cpu.py): a smoke test of the path with a tiny model, not for training.
+The tokenizer must split numbers one digit per token (Qwen2.5, Llama-2, Mistral, DeepSeek).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,19 +41,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--loss", default="del", choices=list(LOSSES))
     parser.add_argument("--alpha", type=float, default=0.01)
     parser.add_argument("--reduction", default="token", choices=["token", "digit"])
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--hf-model", help="Hugging Face model (Hub id or folder): architecture")
+    model.add_argument("--tiny", action="store_true", help="tiny Qwen2-class model, no download")
     parser.add_argument(
         "--tokenizer",
-        default="Qwen/Qwen2.5-0.5B",
-        help="Hugging Face tokenizer: a Hub id or a local folder (must split digits)",
+        default=None,
+        help="Hugging Face tokenizer (Hub id or folder; must split digits); default: --hf-model's, "
+        "else Qwen/Qwen2.5-0.5B",
     )
-    parser.add_argument("--tiny", action="store_true", help="tiny Qwen2-class model, no download")
+    parser.add_argument(
+        "--pretrained-checkpoint",
+        help="Megatron checkpoint of --hf-model (bridge_convert.py import): start from its weights "
+        "with Bridge's finetune()",
+    )
+    parser.add_argument("--data-path", help="Megatron indexed dataset prefix (default: mock data)")
+    parser.add_argument(
+        "--save", default=None, help="checkpoint folder, resumed from if it has one"
+    )
+    parser.add_argument("--save-interval", type=int, default=None)
     parser.add_argument("--train-iters", type=int, default=None)
     parser.add_argument("--seq-length", type=int, default=None)
-    parser.add_argument("--save", default=None, help="checkpoint folder (recipe default if unset)")
+    parser.add_argument("--global-batch-size", type=int, default=None)
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--cpu", action="store_true", help="no CUDA: gloo, fp32, local layers")
     parser.add_argument(
-        "--dry-run", action="store_true", help="set everything up, print it, skip pretrain()"
+        "--dry-run", action="store_true", help="set everything up, print it, skip training"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.pretrained_checkpoint and not args.hf_model:
+        parser.error("--pretrained-checkpoint needs --hf-model (the model it was converted from)")
+    return args
 
 
 def tiny_provider():
@@ -71,56 +96,96 @@ def tiny_provider():
     return AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False)
 
 
+def hf_provider(path: str):
+    """The provider of a Hugging Face model's architecture; the weights come from the converted
+    checkpoint (--pretrained-checkpoint), loaded by Bridge's checkpointing."""
+    from megatron.bridge import AutoBridge
+
+    return AutoBridge.from_hf_pretrained(path).to_megatron_provider(load_weights=False)
+
+
 def build_config(args: argparse.Namespace):
-    from megatron.bridge.recipes.qwen.qwen2 import qwen25_500m_pretrain_config
+    from megatron.bridge.recipes.common import _pretrain_common
 
-    if args.tiny:
-        from megatron.bridge.recipes.common import _pretrain_common
-
+    if args.tiny or args.hf_model:
         cfg = _pretrain_common()
-        cfg.model = tiny_provider()
-        cfg.model.seq_length = args.seq_length or 128
-        cfg.dataset.seq_length = cfg.model.seq_length
-        cfg.train.train_iters = args.train_iters or 20
+        cfg.model = tiny_provider() if args.tiny else hf_provider(args.hf_model)
+        cfg.model.seq_length = args.seq_length or (128 if args.tiny else cfg.model.seq_length)
+        cfg.train.train_iters = 20
         cfg.train.global_batch_size = 8
         cfg.train.micro_batch_size = 2
         cfg.scheduler.lr_warmup_iters = 2
         cfg.validation.eval_interval = 10
         cfg.validation.eval_iters = 2
-        cfg.checkpoint.save_interval = cfg.train.train_iters
         cfg.logger.log_interval = 1
     else:
-        cfg = qwen25_500m_pretrain_config()  # mock data unless cfg.dataset.blend is set
-        if args.train_iters:
-            cfg.train.train_iters = args.train_iters
-        if args.seq_length:
-            cfg.model.seq_length = cfg.dataset.seq_length = args.seq_length
+        from megatron.bridge.recipes.qwen.qwen2 import qwen25_500m_pretrain_config
+
+        cfg = qwen25_500m_pretrain_config()
+    if args.seq_length:
+        cfg.model.seq_length = args.seq_length
+    cfg.dataset.seq_length = cfg.model.seq_length
+    cfg.model.tensor_model_parallel_size = args.tp
+    for name in ("train_iters", "global_batch_size", "micro_batch_size"):
+        if getattr(args, name) is not None:
+            setattr(cfg.train, name, getattr(args, name))
+    if args.lr is not None:
+        cfg.optimizer.lr = args.lr
+        cfg.optimizer.min_lr = args.lr / 10
+    if cfg.train.train_iters < cfg.scheduler.lr_warmup_iters * 2:
+        cfg.scheduler.lr_warmup_iters = 0
+    if args.save_interval or args.tiny or args.hf_model:
+        cfg.checkpoint.save_interval = args.save_interval or cfg.train.train_iters
     if args.save:
         cfg.checkpoint.save = cfg.checkpoint.load = args.save
+    if args.pretrained_checkpoint:
+        cfg.checkpoint.pretrained_checkpoint = args.pretrained_checkpoint
+    if args.data_path:  # one indexed dataset, 98/1/1 train/validation/test
+        cfg.dataset.blend = [[args.data_path], None]
+        cfg.dataset.split = "98,1,1"
     # The recipe's NullTokenizer has no digit tokens: use the model family's real tokenizer.
     cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
-    cfg.tokenizer.tokenizer_model = args.tokenizer
+    cfg.tokenizer.tokenizer_model = args.tokenizer or args.hf_model or "Qwen/Qwen2.5-0.5B"
     cfg.tokenizer.vocab_size = None
+    if args.hf_model:  # the model's (padded) vocabulary, as in the converted checkpoint
+        cfg.tokenizer.use_tokenizer_vocab_size = False
+    if args.cpu:
+        for_cpu(cfg)
     return cfg
 
 
-def _bridge_without_transformer_engine() -> None:
-    """--dry-run on a CPU machine: `import megatron.bridge` reaches a module that imports
-    Transformer Engine (LoRA's fused layers); the tests' placeholder stands in for it there."""
+def for_cpu(cfg) -> None:
+    """gloo, fp32, Megatron-Core's local layers, the plain (not distributed) optimizer, no
+    overlap, no dropout, no TensorBoard: what a CUDA-less machine runs."""
+    sys.path.insert(0, ROOT)
+    from tests.bridge_cpu import on_cpu
+
+    on_cpu(cfg.model)
+    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0
+    cfg.mixed_precision = None
+    cfg.dist.distributed_backend = "gloo"
+    cfg.ddp.use_distributed_optimizer = cfg.optimizer.use_distributed_optimizer = False
+    cfg.ddp.overlap_grad_reduce = cfg.ddp.overlap_param_gather = False
+    cfg.optimizer.bf16 = False
+    cfg.logger.tensorboard_dir = None
+
+
+def _bridge_without_cuda(dry_run: bool) -> None:
+    """--cpu / --dry-run on a CPU machine: Bridge imports Transformer Engine in one module
+    (LoRA's fused layers), and its training loop needs CPU answers (tests/bridge_cpu.py)."""
     try:
         import transformer_engine  # noqa: F401
     except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        sys.path.insert(0, root)
-        from tests.bridge_workers import without_transformer_engine
+        sys.path.insert(0, ROOT)
+        from tests import bridge_cpu
 
-        without_transformer_engine()
+        bridge_cpu.without_transformer_engine() if dry_run else bridge_cpu.activate()
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.dry_run:
-        _bridge_without_transformer_engine()
+    if args.cpu or args.dry_run:
+        _bridge_without_cuda(dry_run=not args.cpu)
     cfg = build_config(args)
 
     from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
@@ -140,9 +205,14 @@ def main(argv=None) -> int:
     if args.dry_run:
         return 0
 
-    from megatron.bridge.training.pretrain import pretrain
+    if args.pretrained_checkpoint:
+        from megatron.bridge.training.finetune import finetune
 
-    pretrain(cfg, forward_step_func=numerical_forward_step)
+        finetune(cfg, forward_step_func=numerical_forward_step)
+    else:
+        from megatron.bridge.training.pretrain import pretrain
+
+        pretrain(cfg, forward_step_func=numerical_forward_step)
     return 0
 
 

@@ -1,21 +1,11 @@
 """Megatron-Bridge 0.6.2 and NeMo 2.7.0 checks, run in a fresh process each (python -m
 tests.bridge_workers <check> <out.json>): Bridge's import alone takes a minute on 2 cores, and
-the CPU shim changes torch.cuda for the process, so the pytest process stays clean.
-
-The one stand-in: Transformer Engine, which cannot be installed without CUDA. Importing
-`megatron.bridge` at all runs `megatron/bridge/peft/lora_layers.py`, whose first line is
-`import transformer_engine.pytorch as te` (LoRA's fused TE branches). `without_transformer_engine`
-runs that one module, unmodified, with `transformer_engine` resolved to an inert placeholder in
-its namespace only: nothing enters sys.modules, so Megatron-Core still sees no Transformer Engine
-(HAVE_TE False) and every other module imports as it would on a CPU install. Every placeholder
-raises when called (LoRA's TE paths), and isinstance against one is False.
+the CPU shim changes torch.cuda for the process, so the pytest process stays clean. The
+Transformer Engine placeholder and Bridge's loop on CPU: tests/bridge_cpu.py.
 """
 
 from __future__ import annotations
 
-import builtins
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import sys
@@ -24,65 +14,11 @@ from typing import Any, Dict
 
 import torch
 
-NEEDS_TRANSFORMER_ENGINE = ("megatron.bridge.peft.lora_layers",)
+from .bridge_cpu import without_transformer_engine
+
 SEQ = 16
 ALPHA = 0.5
 VOCAB = 256
-
-
-class _Absent(type):
-    """A Transformer Engine name: attributes are more placeholders, calls raise."""
-
-    def __getattr__(cls, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Absent(name, (), {})
-
-    def __call__(cls, *args, **kwargs):
-        raise RuntimeError(f"Transformer Engine is not installed ({cls.__name__} was called)")
-
-
-_TE = _Absent("transformer_engine", (), {})
-
-
-def _import_with_te_placeholder(name, globals=None, locals=None, fromlist=(), level=0):
-    if level == 0 and name.split(".")[0] == "transformer_engine":
-        return _TE
-    return builtins.__import__(name, globals, locals, fromlist, level)
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, real: importlib.abc.Loader) -> None:
-        self.real = real
-
-    def create_module(self, spec):
-        return self.real.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        module.__builtins__ = {**vars(builtins), "__import__": _import_with_te_placeholder}
-        exec(self.real.get_code(module.__name__), vars(module))
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in NEEDS_TRANSFORMER_ENGINE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None:
-            spec.loader = _Loader(spec.loader)
-        return spec
-
-
-def without_transformer_engine() -> None:
-    """Let `megatron.bridge` import on a machine without Transformer Engine (see above)."""
-    try:
-        import transformer_engine  # noqa: F401
-
-        return  # the real one
-    except ImportError:
-        pass
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
 
 
 # ---------------------------------------------------------------------------------------------

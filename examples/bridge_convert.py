@@ -1,0 +1,79 @@
+"""Hugging Face <-> Megatron checkpoints with Megatron-Bridge's AutoBridge (0.6).
+
+    # Hugging Face model -> Megatron checkpoint (the weights a DEL run starts from)
+    python examples/bridge_convert.py import --hf-model Qwen/Qwen2.5-0.5B \\
+        --megatron-path /ckpt/qwen25-0.5b-megatron
+
+    # DEL-trained Megatron checkpoint -> Hugging Face model (architecture and tokenizer from
+    # --hf-model; the latest iter_* folder of --megatron-path)
+    python examples/bridge_convert.py export --hf-model Qwen/Qwen2.5-0.5B \\
+        --megatron-path /ckpt/qwen25-del --hf-path /models/qwen25-0.5b-del
+
+A DEL checkpoint converts exactly as a cross-entropy one: the loss settings are not in it.
+The Megatron checkpoint is Megatron-Core's torch_dist format, which Megatron-LM's
+pretrain_gpt.py also loads (--pretrained-checkpoint). --cpu runs the conversion in one gloo
+process without CUDA (the tests' tiny models; Transformer Engine is not needed there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("direction", choices=["import", "export"])
+    parser.add_argument("--hf-model", required=True, help="Hugging Face model: Hub id or folder")
+    parser.add_argument("--megatron-path", required=True, help="Megatron checkpoint folder")
+    parser.add_argument("--hf-path", help="export: the Hugging Face folder to write")
+    parser.add_argument("--cpu", action="store_true", help="one gloo process, no CUDA")
+    args = parser.parse_args(argv)
+    if args.direction == "export" and not args.hf_path:
+        parser.error("export needs --hf-path")
+    return args
+
+
+def init_cpu_process() -> None:
+    """One gloo rank with Megatron-Core on CPU (Bridge would otherwise start NCCL)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    from tests.bridge_cpu import activate, init_single_process
+
+    activate()
+    init_single_process()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.cpu:
+        init_cpu_process()
+    from megatron.bridge import AutoBridge
+
+    if args.direction == "import" and args.cpu:  # import_ckpt's own steps, local layers
+        from tests.bridge_cpu import on_cpu
+
+        bridge = AutoBridge.from_hf_pretrained(args.hf_model)
+        provider = on_cpu(bridge.to_megatron_provider(load_weights=True))
+        provider.finalize()
+        model = provider.provide_distributed_model(wrap_with_ddp=False)
+        bridge.save_megatron_model(model, args.megatron_path, hf_tokenizer_path=args.hf_model)
+    elif args.direction == "import":
+        AutoBridge.import_ckpt(args.hf_model, args.megatron_path)
+    if args.direction == "import":
+        print(f"imported {args.hf_model} -> {args.megatron_path}", flush=True)
+    elif args.cpu:  # export_ckpt's own steps, in the gloo process made above
+        bridge = AutoBridge.from_hf_pretrained(args.hf_model)
+        model = bridge.load_megatron_model(args.megatron_path, wrap_with_ddp=False)
+        bridge.save_hf_pretrained(model, args.hf_path, show_progress=False)
+    else:
+        bridge = AutoBridge.from_hf_pretrained(args.hf_model)
+        bridge.export_ckpt(args.megatron_path, args.hf_path, show_progress=False)
+    if args.direction == "export":
+        print(f"exported {args.megatron_path} -> {args.hf_path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
