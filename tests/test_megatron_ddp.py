@@ -23,9 +23,7 @@ def test_the_overlapped_param_all_gather_is_waited_on_before_the_output_weight_i
 
 
 @pytest.mark.parametrize("route", ["forward", "backward"])
-def test_with_mtp_and_fusion_the_main_heads_weight_gradient_reaches_main_grad_in_fp32(
-    gloo, route
-):
+def test_with_mtp_and_fusion_the_main_heads_weight_gradient_reaches_main_grad_in_fp32(gloo, route):
     """MTP's materialised output layer sets grad_added_to_main_grad; the logits-free gradient
     goes straight into main_grad too (F2), formed in fp32."""
     gloo(2, tensor_model_parallel_size=1).run(
