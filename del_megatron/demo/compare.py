@@ -269,7 +269,7 @@ def plot(path: str, curves: Dict[str, Dict[str, dict]], n_seeds: int) -> str:
         bottom.set_title(f"minus ce, paired: {title.split(' (')[0]}", fontsize=10)
         bottom.set_xlabel("step")
         if key == "train_ce":
-            top.set_yscale("log")
+            report.log_scale(top, [v for arm in arms for v in curves[arm][key]["mean"]])
     axes[0][0].legend(fontsize=8)
     fig.suptitle(
         f"del-megatron compare: mean over {n_seeds} seeds with 95% intervals (bands), on the "

@@ -24,6 +24,23 @@ def final_train_ce(history: List[dict]) -> float:
     return sum(h["ce"] for h in tail) / len(tail)
 
 
+def log_scale(ax, values: List[float]) -> None:
+    """A log y axis with a few ticks labelled in plain numbers over `values`' range (the
+    training CE falls from ~6 to below 1)."""
+    import math
+
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_yscale("log")
+    finite = [v for v in values if v > 0 and math.isfinite(v)]
+    if not finite:
+        return
+    low, high = math.log(min(finite)), math.log(max(finite))
+    ticks = sorted({float(f"{math.exp(low + (high - low) * k / 4):.2g}") for k in range(5)})
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def write_results(out_dir: str, runs: Dict[str, dict]) -> str:
     summary = {
         loss: {
@@ -62,7 +79,7 @@ def plot(out_dir: str, runs: Dict[str, dict]) -> str:
     for ax, (_, title, _) in zip(axes, panels, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
-    axes[-1].set_yscale("log")
+    log_scale(axes[-1], [p["train_ce"] for run in runs.values() for p in run.get("curve", [])])
     axes[0].legend(fontsize=8)
     problems = max((run.get("eval_problems", 0) for run in runs.values()), default=0)
     fig.suptitle(
