@@ -150,3 +150,22 @@ def test_a_numerical_loss_run_stops_on_a_loss_the_hook_did_not_compute():
     assert dmm.numerical_loss_func(mask, out)[0].item() == 3
     with pytest.raises(RuntimeError):
         telemetry.check_recorded(None, "ntl_was")
+
+
+def test_the_output_layers_forward_pre_hooks_run_and_one_that_changes_its_input_is_refused():
+    """The logits-free loss runs the output layer's own forward pre-hooks as calling the layer
+    would (Megatron's DDP waits there for the weight's all-gather); a hook that would replace
+    the layer's input cannot be honoured without the logits, so it is refused."""
+    from del_megatron.megatron.logits_free import run_forward_pre_hooks
+
+    layer, hidden, seen = torch.nn.Linear(4, 8, bias=False), torch.randn(3, 1, 4), []
+    layer.register_forward_pre_hook(lambda module, args: seen.append(("plain", args)))
+    layer.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(("kwargs", args, kwargs)), with_kwargs=True
+    )
+    run_forward_pre_hooks(layer, hidden)
+    assert [entry[0] for entry in seen] == ["plain", "kwargs"]
+    assert seen[0][1][0] is hidden and seen[1][2] == {}
+    layer.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    with pytest.raises(ValueError, match="changes the layer's input"):
+        run_forward_pre_hooks(layer, hidden)
