@@ -9,6 +9,11 @@
     python examples/bridge_convert.py export --hf-model Qwen/Qwen2.5-0.5B \\
         --megatron-path /ckpt/qwen25-del --hf-path /models/qwen25-0.5b-del
 
+    # the same for a checkpoint that Megatron-LM's pretrain_gpt.py wrote (its model settings
+    # are read from the checkpoint's saved arguments)
+    python examples/bridge_convert.py export --megatron-lm --hf-model Qwen/Qwen2.5-7B \\
+        --megatron-path /ckpt/qwen25-7b-del --hf-path /models/qwen25-7b-del
+
 A DEL checkpoint converts exactly as a cross-entropy one: the loss settings are not in it.
 The Megatron checkpoint is Megatron-Core's torch_dist format, which Megatron-LM's
 pretrain_gpt.py also loads (--pretrained-checkpoint). --cpu runs the conversion in one gloo
@@ -28,6 +33,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hf-model", required=True, help="Hugging Face model: Hub id or folder")
     parser.add_argument("--megatron-path", required=True, help="Megatron checkpoint folder")
     parser.add_argument("--hf-path", help="export: the Hugging Face folder to write")
+    parser.add_argument(
+        "--megatron-lm",
+        action="store_true",
+        help="export: the checkpoint was written by Megatron-LM (pretrain_gpt.py), not Bridge",
+    )
     parser.add_argument("--cpu", action="store_true", help="one gloo process, no CUDA")
     args = parser.parse_args(argv)
     if args.direction == "export" and not args.hf_path:
@@ -43,6 +53,32 @@ def init_cpu_process() -> None:
 
     activate()
     init_single_process()
+
+
+def latest_iteration(folder: str) -> str:
+    """The iter_* folder that latest_checkpointed_iteration.txt names."""
+    with open(os.path.join(folder, "latest_checkpointed_iteration.txt")) as f:
+        iteration = f.read().strip()
+    name = "release" if iteration == "release" else f"iter_{int(iteration):07d}"
+    return os.path.join(folder, name)
+
+
+def export_megatron_lm(args: argparse.Namespace) -> None:
+    """Bridge's load_megatron_model for a Megatron-LM checkpoint (model_type "gpt": the model
+    config comes from the arguments Megatron-LM saved), then AutoBridge's HF export."""
+    import torch.distributed as dist
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.training.model_load_save import load_megatron_model
+
+    bridge = AutoBridge.from_hf_pretrained(args.hf_model)
+    model = load_megatron_model(
+        latest_iteration(args.megatron_path),
+        model_type="gpt",
+        use_cpu_init=True,
+        skip_temp_dist_context=dist.is_initialized(),
+    )
+    model = model if isinstance(model, list) else [model]
+    bridge.save_hf_pretrained(model, args.hf_path, show_progress=False)
 
 
 def main(argv=None) -> int:
@@ -61,8 +97,8 @@ def main(argv=None) -> int:
         bridge.save_megatron_model(model, args.megatron_path, hf_tokenizer_path=args.hf_model)
     elif args.direction == "import":
         AutoBridge.import_ckpt(args.hf_model, args.megatron_path)
-    if args.direction == "import":
-        print(f"imported {args.hf_model} -> {args.megatron_path}", flush=True)
+    elif args.megatron_lm:
+        export_megatron_lm(args)
     elif args.cpu:  # export_ckpt's own steps, in the gloo process made above
         bridge = AutoBridge.from_hf_pretrained(args.hf_model)
         model = bridge.load_megatron_model(args.megatron_path, wrap_with_ddp=False)
@@ -70,7 +106,9 @@ def main(argv=None) -> int:
     else:
         bridge = AutoBridge.from_hf_pretrained(args.hf_model)
         bridge.export_ckpt(args.megatron_path, args.hf_path, show_progress=False)
-    if args.direction == "export":
+    if args.direction == "import":
+        print(f"imported {args.hf_model} -> {args.megatron_path}", flush=True)
+    else:
         print(f"exported {args.megatron_path} -> {args.hf_path}", flush=True)
     return 0
 

@@ -175,19 +175,32 @@ SAME_WEIGHTS = {
 }
 
 
-def export_and_check(folder: str, out: str) -> None:
-    """bridge_convert.py export ... --cpu in this process, then: the exported folder loads in
+def export_and_check(folder: str, out: str, megatron_lm_checkpoint: str = "") -> None:
+    """bridge_convert.py export ... --cpu in this process (of Bridge's DEL checkpoint, or with
+    --megatron-lm of the one Megatron-LM wrote), then: the exported folder loads in
     transformers; its weights are the DEL checkpoint's and not the original model's; its
     logits on the training sample and on a second batch match the Megatron model's."""
-    convert(export_args(folder) + ["--cpu"])
     from megatron.bridge import AutoBridge
     from transformers import AutoModelForCausalLM
 
-    exported = AutoModelForCausalLM.from_pretrained(exported_dir(folder)).float().eval()
+    if megatron_lm_checkpoint:
+        target = os.path.join(folder, "hf_del_megatron_lm")
+        argv = ["export", "--megatron-lm", "--hf-model", hf_dir(folder)]
+        convert(argv + ["--megatron-path", megatron_lm_checkpoint, "--hf-path", target, "--cpu"])
+        from megatron.bridge.training.model_load_save import load_megatron_model
+
+        path = os.path.join(megatron_lm_checkpoint, "iter_{:07d}")
+        with open(os.path.join(megatron_lm_checkpoint, "latest_checkpointed_iteration.txt")) as f:
+            path = path.format(int(f.read()))
+        megatron = load_megatron_model(path, model_type="gpt", use_cpu_init=True)
+        megatron = megatron[0] if isinstance(megatron, list) else megatron
+    else:
+        target = exported_dir(folder)
+        convert(export_args(folder) + ["--cpu"])
+        bridge = AutoBridge.from_hf_pretrained(hf_dir(folder))
+        megatron = bridge.load_megatron_model(trained_dir(folder), wrap_with_ddp=False)[0]
+    exported = AutoModelForCausalLM.from_pretrained(target).float().eval()
     original = AutoModelForCausalLM.from_pretrained(hf_dir(folder)).float().eval()
-    megatron = AutoBridge.from_hf_pretrained(hf_dir(folder)).load_megatron_model(
-        trained_dir(folder), wrap_with_ddp=False
-    )[0]
     megatron.eval()
     hf_weights = dict(exported.state_dict())
     mc_weights = megatron.state_dict()
@@ -222,4 +235,4 @@ def export_and_check(folder: str, out: str) -> None:
 STEPS = {"make": make, "prepare": prepare, "export_and_check": export_and_check}
 
 if __name__ == "__main__":
-    STEPS[sys.argv[1]](sys.argv[2], sys.argv[3])
+    STEPS[sys.argv[1]](*sys.argv[2:])

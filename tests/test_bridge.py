@@ -113,3 +113,202 @@ def test_recipe_example_dry_run_enables_the_loss(tmp_path):
         "DEL: dist2, alpha 0.01, token reduction, digit ids [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "
         "decimal points [12]; provider megatron.bridge.models.gpt_provider.GPTModelProvider"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Continued pretraining from a Hugging Face model, and Bridge's own training loops
+# (docs/continued-pretraining.md gives these commands). tests/hf_workers.py makes the model:
+# a tiny Qwen2 model trained a little with transformers, an offline Qwen2 tokenizer, and data
+# whose every sample is the same known sequence.
+
+TRAIN_ALPHA = 0.5
+
+
+def torchrun(*args: str) -> list:
+    from del_megatron.ports import free_port
+
+    launcher = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run"]
+    return [*launcher, "--nproc-per-node", "2", "--master-port", str(free_port()), *args]
+
+
+def hf_worker(step: str, folder, out) -> list:
+    return [sys.executable, "-W", "ignore", "-m", "tests.hf_workers", step, str(folder), str(out)]
+
+
+def run_ok(command: list, timeout: int = 1200) -> str:
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout
+
+
+def logged_iterations(stdout: str) -> dict:
+    """{iteration: {name: value}} from Bridge's "iteration N/ M | name: value | ..." lines."""
+    import re
+
+    rows = {}
+    for line in stdout.splitlines():
+        match = re.search(r"iteration\s+(\d+)/\s*\d+ \|(.*)", line)
+        if match:
+            fields = (f.split(": ") for f in match.group(2).split("|") if ": " in f)
+            rows[int(match.group(1))] = {k.strip(): float(v) for k, v in fields}
+    return rows
+
+
+@pytest.fixture(scope="module")
+def continued(tmp_path_factory):
+    """HF model -> (bridge_convert.py import) -> DEL with Bridge's finetune(), TP 2 ->
+    (bridge_convert.py export) -> transformers, and Bridge's pretrain() loops on the same data."""
+    from .hf_workers import data_prefix, hf_dir, megatron_dir, trained_dir
+
+    folder = tmp_path_factory.mktemp("continued")
+    made = folder / "made.json"
+    run_ok(hf_worker("prepare", folder, made))
+    train = ["examples/bridge_pretrain_del.py", "--hf-model", hf_dir(str(folder))]
+    train += ["--pretrained-checkpoint", megatron_dir(str(folder))]
+    train += ["--data-path", data_prefix(str(folder)), "--save", trained_dir(str(folder))]
+    train += ["--tp", "2", "--alpha", str(TRAIN_ALPHA), "--seq-length", "16", "--lr", "1e-3"]
+    train += ["--global-batch-size", "4", "--micro-batch-size", "2", "--train-iters", "3", "--cpu"]
+    log = logged_iterations(run_ok(torchrun(*train)))
+    checked = folder / "checked.json"
+    run_ok(hf_worker("export_and_check", folder, checked))
+    loops = folder / "loops.json"
+    run_ok(torchrun("-m", "tests.bridge_loops", str(folder), str(loops)))
+    return {
+        "made": json.loads(made.read_text()),
+        "log": log,
+        "checked": json.loads(checked.read_text()),
+        "loops": json.loads(loops.read_text()),
+        "folder": folder,
+    }
+
+
+def test_continued_pretraining_starts_from_the_imported_weights(continued):
+    """The first step's ce loss is the Hugging Face model's own cross-entropy on that batch
+    (through transformers, float64), far from a randomly initialised model's."""
+    made, first = continued["made"], continued["log"][1]
+    assert first["ce loss"] == pytest.approx(made["hf_ce"], rel=2e-6)
+    assert made["random_model_ce"] - made["hf_ce"] > 3
+
+
+def test_finetune_logs_compose_as_in_megatron_lm(continued):
+    """Token reduction: lm loss = ce loss + alpha x del term x digit share, every iteration."""
+    log = continued["log"]
+    assert sorted(log) == [1, 2, 3]
+    for row in log.values():
+        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"] * row["digit share"]
+        assert row["lm loss"] == pytest.approx(composed, rel=2e-6)
+        assert 0 < row["digit share"] < 1 and row["del term"] > 0
+
+
+def test_exported_model_loads_with_the_trained_weights(continued):
+    r = continued["checked"]
+    assert r["class"] == "Qwen2ForCausalLM"
+    assert all(r["same_as_megatron"].values()), r["same_as_megatron"]
+    assert r["changed_by_training"] > 1e-4  # not the original model's weights
+    assert r["logits_max_abs_diff"] < 1e-4 * max(1.0, r["logit_scale"])
+    assert r["exported_ce"] != pytest.approx(r["original_ce"], rel=1e-3)
+
+
+def test_pretrain_digit_reduction_logs_and_resumes(continued):
+    """Bridge's pretrain(), data-parallel 2, "digit" reduction: lm loss = ce loss + alpha x
+    del term; a run resumed from the iteration-2 checkpoint logs the same iterations 3 and 4."""
+    loops = continued["loops"]
+    uninterrupted = {row.pop("iteration"): row for row in loops["uninterrupted"]}
+    resumed = {row.pop("iteration"): row for row in loops["resumed"]}
+    assert sorted(uninterrupted) == [1, 2, 3, 4] and sorted(resumed) == [3, 4]
+    assert {"iter_0000002", "iter_0000004"} <= set(loops["saved"])
+    for row in uninterrupted.values():
+        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"]
+        assert row["lm loss"] == pytest.approx(composed, rel=1e-6)
+    for iteration in (3, 4):
+        assert resumed[iteration] == uninterrupted[iteration]
+    assert uninterrupted[4]["lm loss"] < uninterrupted[1]["lm loss"]
+
+
+# Megatron-LM's route: its own pretrain_gpt.py (core_v0.19.0 snapshot, with our drop-in) from
+# the converted checkpoint, with the flags docker/examples/common.sh chooses, then Bridge's
+# export of the checkpoint Megatron-LM wrote.
+MEGATRON_LM_TAG = "core_v0.19.0"
+TINY_QWEN2 = [  # tests/hf_workers.py's model, in pretrain_gpt.py's flags
+    "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
+    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+    "--add-qkv-bias", "--disable-bias-linear", "--swiglu", "--normalization", "RMSNorm",
+    "--norm-epsilon", "1e-6", "--position-embedding-type", "rope", "--rotary-base", "10000",
+    "--seq-length", "16", "--max-position-embeddings", "64",
+]  # fmt: skip
+CPU_RUN = [
+    "--distributed-backend", "gloo", "--use-cpu-initialization", "--transformer-impl", "local",
+    "--no-gradient-accumulation-fusion", "--no-rope-fusion",
+    "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234",
+]  # fmt: skip
+
+
+def start_flags(checkpoint_dir, pretrained) -> list:
+    """docker/examples/common.sh's choice of --load/--pretrained-checkpoint."""
+    script = 'source docker/examples/common.sh; choose_start "$1"; printf "%s\\n" "${START[@]}"'
+    env = {**os.environ, "PRETRAINED_CHECKPOINT": str(pretrained)}
+    proc = subprocess.run(
+        ["bash", "-c", script, "-", str(checkpoint_dir)], cwd=ROOT, env=env, capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.decode().split()
+
+
+@pytest.fixture(scope="module")
+def megatron_lm_route(continued, tmp_path_factory):
+    import glob
+    import shutil
+
+    from .e2e.megatron_lm import DROP_IN, cpu_environment, parse_log, prepare_tree
+    from .hf_workers import data_prefix, hf_dir, megatron_dir
+
+    folder, base = continued["folder"], tmp_path_factory.mktemp("megatron-lm")
+    tree = prepare_tree(MEGATRON_LM_TAG, base / "src", patched=False)
+    # Megatron-LM builds its dataset helpers with make; here the megatron-core wheel's build
+    import megatron.core.datasets as datasets
+
+    for built in glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*")):
+        shutil.copy(built, tree / "megatron" / "core" / "datasets")
+    checkpoint = base / "checkpoints"
+    start = start_flags(checkpoint, megatron_dir(str(folder)))
+    flags = [*TINY_QWEN2, *CPU_RUN, "--tensor-model-parallel-size", "2"]
+    flags += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", hf_dir(str(folder))]
+    flags += ["--data-path", data_prefix(str(folder)), "--split", "98,1,1"]
+    flags += ["--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "3"]
+    flags += ["--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine"]
+    flags += ["--log-interval", "1", "--eval-iters", "1", "--eval-interval", "100"]
+    flags += ["--save", str(checkpoint), "--save-interval", "3", *start]
+    flags += ["--numerical-loss", "del", "--del-alpha", str(TRAIN_ALPHA)]
+    proc = subprocess.run(
+        torchrun(str(DROP_IN), *flags),
+        cwd=tree,
+        env=cpu_environment(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    iterations, _ = parse_log(proc.stdout)
+    checked = base / "checked.json"
+    run_ok(hf_worker("export_and_check", folder, checked) + [str(checkpoint)])
+    return {"start": start, "log": iterations, "checked": json.loads(checked.read_text())}
+
+
+def test_megatron_lm_starts_from_the_converted_weights(megatron_lm_route, continued):
+    """pretrain_gpt.py with --pretrained-checkpoint (and an empty --load): the first step's
+    ce loss is the Hugging Face model's, and its logged DEL entries compose."""
+    assert "--pretrained-checkpoint" in megatron_lm_route["start"]
+    log = megatron_lm_route["log"]
+    assert sorted(log) == [1, 2, 3]
+    assert log[1]["ce loss"] == pytest.approx(continued["made"]["hf_ce"], rel=2e-6)
+    for row in log.values():
+        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"] * row["digit share"]
+        assert row["lm loss"] == pytest.approx(composed, rel=2e-6)
+
+
+def test_megatron_lm_checkpoint_exports_to_hugging_face(megatron_lm_route):
+    r = megatron_lm_route["checked"]
+    assert r["class"] == "Qwen2ForCausalLM"
+    assert all(r["same_as_megatron"].values()), r["same_as_megatron"]
+    assert r["changed_by_training"] > 1e-4
+    assert r["logits_max_abs_diff"] < 1e-4 * max(1.0, r["logit_scale"])
