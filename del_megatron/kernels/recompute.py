@@ -117,8 +117,8 @@ def softmax_minus_onehot_pointwise(
 
 
 class _RanEagerly(Exception):
-    """A torch.compile'd pass was about to run as plain Python (compilation disabled, or an
-    error that Dynamo suppressed)."""
+    """A torch.compile'd pass was about to run as plain Python (compilation disabled, a
+    TorchDispatchMode active, or an error that Dynamo suppressed)."""
 
 
 def _refuse_eager() -> None:
@@ -165,8 +165,9 @@ class CompiledPass:
                 return self.compiled(logits, *rest)
             except _RanEagerly:
                 _fall_back(
-                    "torch.compile is disabled here (TORCH_COMPILE_DISABLE=1 or "
-                    "torch._dynamo.config.disable) or suppressed a compile error"
+                    "torch.compile ran the pass as plain Python (disabled by "
+                    "TORCH_COMPILE_DISABLE=1 or torch._dynamo.config.disable, under a "
+                    "TorchDispatchMode, or after a compile error it suppressed)"
                 )
             except torch.OutOfMemoryError:
                 raise
