@@ -180,6 +180,9 @@ def export_and_check(folder: str, out: str, megatron_lm_checkpoint: str = "") ->
     --megatron-lm of the one Megatron-LM wrote), then: the exported folder loads in
     transformers; its weights are the DEL checkpoint's and not the original model's; its
     logits on the training sample and on a second batch match the Megatron model's."""
+    from .bridge_cpu import activate
+
+    activate()  # before Bridge's import (the Transformer Engine placeholder)
     from megatron.bridge import AutoBridge
     from transformers import AutoModelForCausalLM
 

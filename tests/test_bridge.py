@@ -1,10 +1,18 @@
 """Megatron-Bridge 0.6.2 with DEL, against Bridge's real code on CPU (Python 3.12 environment,
-tests/requirements-bridge.txt): the recipe flow (AutoBridge -> provider instance ->
-enable_numerical_loss with the recipe tokenizer's digit ids), the real GPTModelProvider and
-gpt_step.forward_step on a tiny Qwen2-class model, the step-wide digit reduction, and the real
-run_config.yaml save -> load_model_config round trip. Values are compared with
-del_megatron.reference on the same model's logits. One worker process runs the checks
-(tests/bridge_workers.py: Bridge's import alone takes a minute on 2 cores)."""
+tests/requirements-bridge.txt):
+
+- the recipe flow (AutoBridge -> provider instance -> enable_numerical_loss with the recipe
+  tokenizer's digit ids), the real GPTModelProvider and gpt_step.forward_step on a tiny
+  Qwen2-class model, the step-wide digit reduction, and the real run_config.yaml save ->
+  load_model_config round trip; values compared with del_megatron.reference on the same
+  model's logits (one worker process, tests/bridge_workers.py: Bridge's import alone takes a
+  minute on 2 cores);
+- continued pretraining as docs/continued-pretraining.md gives it: a Hugging Face model ->
+  examples/bridge_convert.py import -> examples/bridge_pretrain_del.py (Bridge's finetune(),
+  TP 2) -> export -> transformers; Bridge's pretrain() with the digit reduction at DP 2, resumed
+  from a checkpoint (tests/bridge_loops.py); and Megatron-LM's pretrain_gpt.py from the same
+  converted weights with the Docker examples' flags, exported back the same way.
+"""
 
 import json
 import os
