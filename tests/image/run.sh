@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The image test: builds docker/Dockerfile with its default megatron-core and Megatron-LM versions on
-# a CPU stand-in for the NGC PyTorch base, then runs the image for real, as its non-root user:
-#   1. the smoke step (docker/smoke.py) from the image's working directory;
+# a CPU stand-in for the NGC PyTorch base (NVRx at the Dockerfile's pin; no Transformer Engine,
+# which needs CUDA to build: TRANSFORMER_ENGINE_REF=base), then runs the image for real, as its
+# non-root user:
+#   1. the smoke step (docker/smoke.py) from the image's working directory: installed packages,
+#      Megatron-LM's training code and checkpointing with NVRx, DEL against the float64 reference;
+#      and every benchmarks/*.py (the GPU check) imports in the image;
 #   2. Megatron-LM's patched /opt/Megatron-LM/pretrain_gpt.py, --numerical-loss del, on CPU through
 #      docker/launch.sh (DEL_CPU=1), one container as one node (2 processes, TP=2), run as another
 #      uid (docker run --user) that writes its checkpoint into a mounted folder;
@@ -34,10 +38,14 @@ here=$root/tests/image
 arg_default() { sed -n "s/^ARG $1=//p" "$root/docker/Dockerfile"; }
 mlm_tag=${MEGATRON_LM_TAG:-$(arg_default MEGATRON_LM_TAG)}
 core_version=${MEGATRON_CORE_VERSION:-$(arg_default MEGATRON_CORE_VERSION)}
+nvrx_version=$(arg_default NVRX_VERSION)
 image=del-megatron-test/del-megatron:latest
 standin=del-megatron-test/pytorch-cpu:standin
-# The stand-in is Debian of the host's release (its C library and the libraries of the Python below)
-suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+# The stand-in is Debian trixie, or the host's release where that is newer: its C library must be
+# at least NGC 25.09's (Ubuntu 24.04, glibc 2.39; NVRx 0.6.0's wheels need it) and at least the
+# host's (the Python below is the host's).
+suite=$(. /etc/os-release && if [ "${ID:-}" = debian ] && [ "${VERSION_ID:-0}" -ge 13 ] 2>/dev/null; then
+  echo "$VERSION_CODENAME"; else echo trixie; fi)
 keep=${IMAGE_TEST_KEEP:-0}
 work=${IMAGE_TEST_DIR:-}
 if [ -z "$work" ]; then
@@ -158,8 +166,8 @@ prepare_megatron_lm() {
 # ---- 1. the CPU stand-in for the NGC base ---------------------------------------------------------
 # A root file system made here and imported as one layer (one write of its 5.7 GB; a `pip install`
 # in a Dockerfile writes them three times: container layer, diff, image layer):
-#   - a minimal Debian of the host's release (mmdebstrap) with git, ca-certificates and the
-#     libraries that the Python below links;
+#   - a minimal Debian trixie (mmdebstrap; glibc 2.41, as NGC 25.09's Ubuntu 24.04 has 2.39) with
+#     git, ca-certificates and the libraries that the Python below links;
 #   - the host's CPython 3.12 in /usr/local (NGC 25.09 has 3.12; the project supports 3.11 and
 #     3.12, and its py312 test environment uses the same interpreter; Debian has no 3.12);
 #   - torch 2.14.1 (the CUDA build from PyPI, which runs on CPU), numpy and what torch requires,
@@ -181,11 +189,15 @@ copy_python() {  # the interpreter, libpython and the standard library into $1 (
   mkdir -p "$dst/lib/python3.12/site-packages"
   log "stand-in Python: $py ($("$py" -V))"
 }
-lib_packages() {  # the Debian packages of the libraries that the Python in $1 links, comma-separated
+# The Debian packages of the libraries that the Python in $1 links, as apt patterns for the
+# stand-in's release, comma-separated: the host's package name, or its t64 successor (trixie renamed
+# libssl3 to libssl3t64 and the like).
+lib_packages() {
   find "$1" -type f -name '*.so*' -exec ldd {} + 2>/dev/null |
     awk '/=> \// { print $3 }' | sort -u | while read -r lib; do
       dpkg -S "$lib" 2>/dev/null || dpkg -S "/usr$lib" 2>/dev/null || true
-    done | cut -d: -f1 | sort -u | paste -sd, -
+    done | cut -d: -f1 | sort -u | sed -e 's/[.+]/[&]/g' -e 's/.*/?name("^&(t64)?$")/' |
+    paste -sd, -
 }
 make_standin() {
   local rootfs=$work/standin
@@ -240,12 +252,20 @@ docker build --force-rm --network host -f "$root/docker/Dockerfile" \
   --build-arg BASE_IMAGE="$standin" \
   --build-arg MEGATRON_CORE_VERSION="$core_version" --build-arg MEGATRON_LM_TAG="$mlm_tag" \
   --build-arg MEGATRON_LM_REPO="git://127.0.0.1:$gitd_port/Megatron-LM-$mlm_tag" \
+  --build-arg TRANSFORMER_ENGINE_REF=base \
   -t "$image" "$root" >"$work/build.log" 2>&1 || { show_log "$work/build.log"; die "docker build"; }
 kill "$(cat "$work/gitd.pid")" && rm -f "$work/gitd.pid"
 build_s=$(($(date +%s) - tb))
 size=$(docker image inspect -f '{{.Size}}' "$image")
 base_size=$(docker image inspect -f '{{.Size}}' "$standin")
 log "built in ${build_s}s: image $((size / 1000000)) MB ($(((size - base_size) / 1000000)) MB on the base)"
+# Transformer Engine is not built: the stand-in has no CUDA compiler (TRANSFORMER_ENGINE_REF=base
+# keeps the base's, which has none). NVRx is installed at the Dockerfile's pin, and Megatron-LM's
+# checkpointing accepts it (the smoke step's second stage).
+grep -m1 "Transformer Engine: the base image's (TRANSFORMER_ENGINE_REF=base): none" \
+  "$work/build.log" || die "the build did not keep the base's (absent) Transformer Engine"
+grep -m1 "dist_checkpointing import (NVRx $nvrx_version)" "$work/build.log" ||
+  die "the smoke step did not import Megatron-LM's checkpointing with NVRx $nvrx_version"
 grep -m1 'del-megatron OK' "$work/build.log" || die "no smoke line in the build log"
 
 # ---- 3. runs ------------------------------------------------------------------------------------
@@ -256,7 +276,22 @@ chown 1000 "$run"
 log "smoke step in a container (the image's user and working directory)"
 out=$(docker run --rm --entrypoint python "$image" /opt/del-megatron/docker/smoke.py 2>/dev/null)
 echo "$out"
-[[ "$out" == *"OK in /workspace/run as uid 1000:"* ]] || die "smoke step"
+[[ "$out" == *"OK in /workspace/run as uid 1000:"*"NVRx $nvrx_version, no CUDA device"* ]] ||
+  die "smoke step"
+
+# The GPU check ships in the image: every benchmarks/*.py imports there (the modules of tests/ that
+# they import included), from the folder gpu_check.sh runs them in.
+log "the GPU check's scripts import in the image"
+out=$(docker run --rm --workdir /opt/del-megatron --entrypoint python "$image" -W ignore -c '
+import glob, importlib.util as u, os, sys
+assert os.path.isfile("benchmarks/gpu_check.sh")
+for path in sorted(glob.glob("benchmarks/*.py")):
+    spec = u.spec_from_file_location(os.path.basename(path)[:-3], path)
+    sys.modules[spec.name] = module = u.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    print("imports:", path)' 2>&1) ||
+  { echo "$out" | tail -n 20; die "benchmarks/ does not import in the image"; }
+grep '^imports:' <<<"$out"
 
 iters=20
 pretrain=(/opt/Megatron-LM/pretrain_gpt.py
