@@ -6,17 +6,20 @@ vocab_parallel_cross_entropy, on the same inputs in the same run.
 
 Every case runs on `tp` real processes (gloo on CPU, NCCL on CUDA), each holding its
 [s, b, V/tp] shard. Time is the median over --reps of one forward+backward (max over ranks), the
-implementations taking turns. Peak memory counts everything one forward+backward allocates from
-before its logits shard (or, with --linear, its output-layer input) exists: logits, working
-copies, gradients. On CPU it is the kernel's resident high-water mark (VmHWM, reset before each
-step), measured in separate processes where glibc serves every buffer over 64 KiB by mmap so that
-freed memory leaves the resident set (that setting slows allocation, so time is measured with
-the default allocator). On CUDA: CUDA events and torch.cuda.max_memory_allocated.
+implementations taking turns, with the inputs made before the clock starts; forward_s and
+backward_s are the two halves apart. Peak memory counts everything one forward+backward
+allocates from before its logits shard (or, with --linear, its output-layer input) exists:
+logits, working copies, gradients. On CPU it is the kernel's resident high-water mark (VmHWM,
+reset before each step), measured in separate processes where glibc serves every buffer over
+64 KiB by mmap so that freed memory leaves the resident set (that setting slows allocation, so
+time is measured with the default allocator). On CUDA: CUDA events and
+torch.cuda.max_memory_allocated.
 
-Rows (`impl`): megatron_ce (the reference of every ratio) and megatron_fused (its torch.compile'd
-variant); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto"); del_softmax,
-del_compiled and, on CUDA, del_recompute (DEL on the other kernels); del_naive (plain autograd
-DEL over F.cross_entropy, TP 1);
+Rows (`impl`): megatron_ce (the reference of every ratio), megatron_fused (its torch.compile'd
+variant) and, on CUDA where Transformer Engine is installed, te_ce (Megatron's wrapper of TE's
+parallel cross-entropy); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto":
+`kernel` names the one it took on this device); del_softmax, del_recompute and del_compiled
+(DEL with each kernel forced); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
 ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
 del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
@@ -68,33 +71,48 @@ def _status_kib(field: str, path: str = "/proc/self/status") -> int:
 
 
 class Meter:
-    """Wall time and peak memory of one step on this device."""
+    """Forward time, backward time and peak memory of one step on this device."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
-    def start(self) -> None:
+    def start_memory(self) -> None:
+        """The memory baseline: taken before the step's inputs exist."""
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            self.events[0].record()
         else:
             self.base = _status_kib("VmRSS") * 1024
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")
-            self.t0 = time.perf_counter()
+
+    def mark(self) -> None:
+        """A point in time: the start, the end of forward, the end of backward."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def start_time(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.marks = []
+        self.mark()
 
     def stop(self):
-        """(seconds, peak bytes above the start)."""
+        """(forward seconds, backward seconds, peak bytes above the memory baseline)."""
         if self.cuda:
-            self.events[1].record()
             torch.cuda.synchronize()
-            seconds = self.events[0].elapsed_time(self.events[1]) / 1e3
-            return seconds, torch.cuda.max_memory_allocated() - self.base
-        seconds = time.perf_counter() - self.t0
-        return seconds, _status_kib("VmHWM") * 1024 - self.base
+            seconds = [
+                a.elapsed_time(b) / 1e3
+                for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)
+            ]
+            return (*seconds, torch.cuda.max_memory_allocated() - self.base)
+        seconds = [b - a for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)]
+        return (*seconds, _status_kib("VmHWM") * 1024 - self.base)
 
 
 def _labels(tokens: int, vocab: int, device=None) -> torch.Tensor:
@@ -174,12 +192,20 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
         return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, group, **how)
 
     impls = {"megatron_ce": megatron_ce, "megatron_fused": megatron_fused}
+    te_ce = _te_parallel_cross_entropy() if device.type == "cuda" else None
+    if te_ce is not None:
+
+        def te(labels, logits):
+            labels = labels.t().contiguous()
+            labels = torch.as_strided(labels, labels.size(), (labels.size(1), 1))
+            return te_ce(logits, labels, group).t()
+
+        impls["te_ce"] = te
     for loss in LOSSES:
         impls[loss] = ours(loss)
     impls["del_softmax"] = ours("del", kernel="softmax")
+    impls["del_recompute"] = ours("del", kernel="recompute")
     impls["del_compiled"] = ours("del", kernel="compiled")
-    if device.type == "cuda":  # elsewhere "del" is the recompute kernel already
-        impls["del_recompute"] = ours("del", kernel="recompute")
     if dtype_name == "fp32":
         impls["del_copy"] = ours("del", inplace=False)
     if tp == 1:
@@ -187,6 +213,38 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
         if _have_ntloss():
             impls["ntloss_was"] = _ntloss_was
     return impls
+
+
+def _te_parallel_cross_entropy():
+    """Megatron's wrapper of Transformer Engine's parallel cross-entropy, None without TE."""
+    try:
+        from megatron.core.extensions.transformer_engine import te_parallel_cross_entropy
+    except ImportError:
+        return None
+    return te_parallel_cross_entropy
+
+
+# Kernel each numerical_lm_loss row forces; the others take "auto".
+FORCED_KERNELS = {
+    "del_softmax": "softmax",
+    "del_recompute": "recompute",
+    "del_compiled": "compiled",
+}
+
+
+def kernel_of(name: str, case) -> str | None:
+    """The kernel a numerical_lm_loss row runs for this case (None for other rows)."""
+    from types import SimpleNamespace
+
+    from del_megatron.kernels import resolve_kernel
+
+    if name in FORCED_KERNELS:
+        return FORCED_KERNELS[name]
+    if name not in LOSSES and name != "del_copy":
+        return None
+    logits = SimpleNamespace(device=torch.device(case["device"]), dtype=DTYPES[case["dtype"]])
+    inplace = case["dtype"] == "fp32" and name != "del_copy"
+    return resolve_kernel("auto", logits, inplace)
 
 
 # The logits-free rows and the weight-gradient route each asks for ("auto": what
@@ -230,12 +288,17 @@ def linear_implementations(tp: int, group):
 
 
 def _one_step(fn, make_inputs, meter):
-    """(seconds, peak bytes) of one forward+backward; inputs are made inside the metered span."""
-    meter.start()
+    """(forward s, backward s, peak bytes) of one forward+backward. The inputs are made before
+    the clock starts, but after the memory baseline: peak memory counts them (the logits, or
+    the output layer's input)."""
+    meter.start_memory()
     labels, tensors = make_inputs()
+    meter.start_time()
     loss = fn(labels, *tensors)
+    meter.mark()
     # autograd.grad, as the output layer's backward would take it: no AccumulateGrad copy.
     grads = torch.autograd.grad(loss.sum(), tensors)
+    meter.mark()
     del loss, grads
     return meter.stop()
 
@@ -273,14 +336,14 @@ def _fits(case, name, device) -> bool:
     return need < 0.7 * _status_kib("MemAvailable", "/proc/meminfo") * 1024
 
 
-def _worker(rank, world, port, case, phase, reps, names, queue):
+def _worker(rank, world, port, case, phase, reps, names, queue, threads=None):
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device(case["device"], rank if case["device"] == "cuda" else None)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+        torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world
     )
@@ -300,7 +363,7 @@ def _worker(rank, world, port, case, phase, reps, names, queue):
         _one_step(impls[name], make_inputs, meter)  # warm-up (and compilation)
     if phase == "memory" or device.type == "cuda":
         for name, fn in impls.items():
-            rows[name]["peak_mib"] = _one_step(fn, make_inputs, meter)[1] / 2**20
+            rows[name]["peak_mib"] = _one_step(fn, make_inputs, meter)[-1] / 2**20
     if phase == "time":
         # Round-robin with a rotating order, so that drift and the page-fault cost of fresh
         # buffers fall on every implementation alike.
@@ -309,9 +372,15 @@ def _worker(rank, world, port, case, phase, reps, names, queue):
         for rep in range(reps):
             shift = rep % len(order)
             for name in order[shift:] + order[:shift]:
-                times[name].append(_one_step(impls[name], make_inputs, meter)[0])
+                times[name].append(_one_step(impls[name], make_inputs, meter)[:2])
         for name in order:
-            rows[name].update(time_s=statistics.median(times[name]), time_min_s=min(times[name]))
+            total = [fwd + bwd for fwd, bwd in times[name]]
+            rows[name].update(
+                time_s=statistics.median(total),
+                time_min_s=min(total),
+                forward_s=statistics.median(fwd for fwd, _ in times[name]),
+                backward_s=statistics.median(bwd for _, bwd in times[name]),
+            )
         if not case.get("hidden"):
             rows["place_weights"] = {"time_s": _time_place_weights(make_inputs()[0], reps)}
     gathered = [None] * world
@@ -337,23 +406,23 @@ def _time_place_weights(labels, reps: int) -> float:
     return statistics.median(times)
 
 
-def _spawn(case, phase, reps, names):
+def _spawn(case, phase, reps, names, threads=None):
     from del_megatron.ports import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    args = (case["tp"], free_port(), case, phase, reps, names, queue)
+    args = (case["tp"], free_port(), case, phase, reps, names, queue, threads)
     mp.spawn(_worker, args=args, nprocs=case["tp"])
     return queue.get()
 
 
-def run_case(case, reps, names=()):
-    """{impl: {time_s, time_min_s, peak_mib}} for one case."""
-    rows = _spawn(case, "time", reps, names)
+def run_case(case, reps, names=(), threads=None):
+    """{impl: {time_s, time_min_s, forward_s, backward_s, peak_mib}} for one case."""
+    rows = _spawn(case, "time", reps, names, threads)
     if case["device"] == "cpu":
         os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
         try:
-            memory = _spawn(case, "memory", reps, names)
+            memory = _spawn(case, "memory", reps, names, threads)
         finally:
             del os.environ["MALLOC_MMAP_THRESHOLD_"]
         for name, row in memory.items():
@@ -407,6 +476,9 @@ def main(argv=None):
         "--hidden", type=int, nargs="+", default=[512], help="h of the output layer (--linear)"
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads a rank (default: the CPUs over the ranks)"
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/bench_loss.json")
     args = parser.parse_args(argv)
 
@@ -423,13 +495,14 @@ def main(argv=None):
         case["device"] = args.device
         if args.linear:
             case["hidden"] = hidden
-        rows = run_case(case, args.reps, args.impls)
+        rows = run_case(case, args.reps, args.impls, args.threads)
         if args.linear:
             _add_routes(rows, case)
         reference = "linear_materialised" if args.linear else "megatron_ce"
         _ratios(rows, reference)
         for name, row in rows.items():
-            results.append({**case, "impl": name, **row})
+            kernel = None if args.linear else kernel_of(name, case)
+            results.append({**case, "impl": name, **({"kernel": kernel} if kernel else {}), **row})
             _print_row(case, name, row)
         _write(args, results)  # after every case: a long grid keeps what it has
     print(f"wrote {args.json}")
@@ -452,6 +525,8 @@ def _add_routes(rows, case) -> None:
 def _write(args, results) -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "cpus": os.cpu_count(), "reps": args.reps}
+    if args.device == "cpu":
+        meta["threads"] = args.threads or "cpus / tp"
     if args.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
     args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))

@@ -1,6 +1,7 @@
 """Markdown table of benchmark JSON files (bench_loss.py output), one row per case and impl.
 
 .venv/bin/python benchmarks/table.py benchmarks/bench_loss_cpu.json [--impls del megatron_ce]
+.venv/bin/python benchmarks/table.py --kernels benchmarks/bench_kernels_cpu.json
 .venv/bin/python benchmarks/table.py --linear benchmarks/bench_linear_cpu.json
 """
 
@@ -91,13 +92,53 @@ def linear_summary(paths) -> None:
         )
 
 
+# What each row measures (numerical_lm_loss rows: DEL, alpha 0.01, on the same logits).
+MEASURES = {
+    "megatron_ce": "Megatron-Core's vocab_parallel_cross_entropy (the reference)",
+    "megatron_fused": "Megatron-Core's torch.compile'd fused CE",
+    "te_ce": "Transformer Engine's parallel CE (Megatron's wrapper)",
+    "del": "DEL, kernel 'auto'",
+    "del_softmax": "DEL, 'softmax' forced: an fp32 softmax kept, Megatron's scheme",
+    "del_recompute": "DEL, 'recompute' forced: eager passes over 8 MiB fp32 chunks",
+    "del_compiled": "DEL, 'compiled' forced: torch.compile'd pointwise passes over all rows",
+}
+AUTO = (
+    "'auto' takes 'compiled' on CUDA; off CUDA 'recompute', or 'softmax' for fp32/fp64 "
+    "logits with inplace=True (kernels/__init__.py)"
+)
+
+
+def kernels_table(paths) -> None:
+    """One line a kernel row: what it measures, the kernel it ran, forward and backward time,
+    time and peak memory against Megatron's CE."""
+    print(f"`del` = {AUTO}.\n")
+    print(
+        "| tokens | vocab | TP | logits | row | measures | kernel | forward ms | backward ms | "
+        "time | peak MiB | peak |"
+    )
+    print("|---" * 12 + "|")
+    for r in rows(paths, tuple(MEASURES)):
+        forward, backward = r.get("forward_s"), r.get("backward_s")
+        print(
+            f"| {r['tokens']} | {r['vocab']} | {r['tp']} | {r['dtype']} | {r['impl']} | "
+            f"{MEASURES[r['impl']]} | {r.get('kernel', '-')} | "
+            f"{fmt(None if forward is None else forward * 1e3, '.0f')} | "
+            f"{fmt(None if backward is None else backward * 1e3, '.0f')} | "
+            f"{r['time_ratio']:.3f}x | {r['peak_mib']:.0f} | {r['peak_ratio']:.3f}x |"
+        )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="+")
     parser.add_argument("--impls", nargs="*", default=[])
     parser.add_argument("--summary", action="store_true", help="one line a case")
     parser.add_argument("--linear", action="store_true", help="one line a --linear case")
+    parser.add_argument("--kernels", action="store_true", help="one line a kernel, described")
     args = parser.parse_args(argv)
+    if args.kernels:
+        kernels_table(args.json)
+        return
     if args.summary:
         summary(args.json)
         return
