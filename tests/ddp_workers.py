@@ -164,6 +164,10 @@ def check_logits_free_under_ddp(mtp_layers, fusion: bool, route, steps: int) -> 
       the weights differ by bf16 roundings from step 2 on."""
     from del_megatron.cpu.training import torch_cuda_on_cpu
 
+    from .megatron_workers import _refused_by_this_core
+
+    if _refused_by_this_core():
+        return
     with torch_cuda_on_cpu():
         want = train(False, mtp_layers, fusion, steps)
         ours = train(route, mtp_layers, fusion, steps)

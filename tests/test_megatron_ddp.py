@@ -1,16 +1,13 @@
 """The logits-free loss inside Megatron-Core's DistributedDataParallel and distributed optimizer
 (tests/ddp_workers.py): bf16, reduce-scatter and all-gather overlapped, small DDP buckets, an
-untied output layer, MTP and gradient-accumulation fusion, on 2 data-parallel gloo ranks."""
+untied output layer, MTP and gradient-accumulation fusion, on 2 data-parallel gloo ranks. On a
+megatron-core without GPTModel's output_processor (< 0.18) each checks that register() refuses
+the logits-free loss instead."""
 
 import pytest
 
-from del_megatron.megatron.logits_free import core_supports
-
 from . import ddp_workers
 
-pytestmark = pytest.mark.skipif(
-    not core_supports(), reason="megatron-core < 0.18 refuses --del-logits-free at register()"
-)
 STEPS = 3
 
 
