@@ -7,11 +7,20 @@ from typing import Dict, Optional, Sequence
 
 import pytest
 
+from tests.megatron_lm_source import UNAVAILABLE_EXIT, SourceUnavailable
 from tests.sentencepiece_models import train_sentencepiece_models
 
-from .megatron_lm import DROP_IN, Run, prepare_tree, run_pretrain
+from .megatron_lm import DROP_IN, Run, check_sources, prepare_tree, run_pretrain
 
 VARIANTS = ("patched", "drop-in")
+
+
+def pytest_configure(config):
+    """No Megatron-LM sources for a tag: stop here, in one line, before any test runs."""
+    try:
+        check_sources()
+    except SourceUnavailable as missing:
+        pytest.exit(str(missing), returncode=UNAVAILABLE_EXIT)
 
 
 class Trainer:

@@ -1,9 +1,9 @@
 """Megatron-LM's own pretrain_gpt.py, run for real: sources, patches, torchrun, its log.
 
-Upstream sources are never copied into the repository. They come from the unmodified release
-snapshots in ../shared/megatron-lm/<tag>.tar.gz (E2E_MEGATRON_LM_ARCHIVES names another folder),
-or from a user's checkout in MEGATRON_LM_DIR; each test session unpacks or copies them into a
-temporary folder and applies the matching patch from patches/ there.
+Upstream sources are never copied into the repository. tests/megatron_lm_source.py finds them
+(a user's checkout in MEGATRON_LM_DIR, release snapshots in MEGATRON_LM_ARCHIVES, or a shallow
+clone of the tag; docs/testing.md); each test session unpacks or copies them into a temporary
+folder and applies the matching patch from patches/ there.
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tarfile
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from tests import megatron_lm_source
 from tests.distributed import free_port
 
 from .peak_rss import PREFIX as PEAK_RSS
@@ -28,7 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
 DROP_IN = REPO / "examples" / "pretrain_gpt_del.py"
 PEAK_RSS_SCRIPT = Path(__file__).with_name("peak_rss.py")
-ARCHIVES = Path(os.environ.get("E2E_MEGATRON_LM_ARCHIVES", REPO.parent / "shared" / "megatron-lm"))
 USER_CHECKOUT = os.environ.get("MEGATRON_LM_DIR")
 RUN_TIMEOUT_S = 600
 
@@ -61,6 +59,12 @@ def tags_for_this_environment() -> List[str]:
     return TAGS_BY_CORE[core]
 
 
+def check_sources() -> None:
+    """Raise megatron_lm_source.SourceUnavailable, one line naming what to set, when a tag this
+    environment tests has no sources anywhere."""
+    megatron_lm_source.find_all(tags_for_this_environment())
+
+
 def _patch_for(tree: Path, tag: str) -> Path:
     """patches/megatron-lm-<tag>-pretrain_gpt.patch, or for a user's checkout the patch that
     applies to it."""
@@ -78,20 +82,7 @@ def _patch_for(tree: Path, tag: str) -> Path:
 
 def prepare_tree(tag: str, dest: Path, patched: bool) -> Path:
     """A Megatron-LM tree of `tag` under `dest`, with our patch applied if `patched`."""
-    dest.mkdir(parents=True, exist_ok=True)
-    if tag == "user":
-        tree = dest / "megatron-lm"
-        shutil.copytree(USER_CHECKOUT, tree, ignore=shutil.ignore_patterns(".git"))
-    else:
-        archive = ARCHIVES / f"{tag}.tar.gz"
-        if not archive.exists():
-            raise FileNotFoundError(
-                f"{archive} is missing: put the Megatron-LM {tag} snapshot there, set "
-                "E2E_MEGATRON_LM_ARCHIVES, or point MEGATRON_LM_DIR at a checkout"
-            )
-        with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")
-        tree = dest / f"megatron-lm-{tag}"
+    tree = megatron_lm_source.materialise(megatron_lm_source.find(tag), dest)
     if patched:
         subprocess.run(["git", "apply", str(_patch_for(tree, tag))], cwd=tree, check=True)
     # Bytecode once, as docker/Dockerfile does: with PYTHONDONTWRITEBYTECODE (or a read-only

@@ -27,7 +27,8 @@
 #   IMAGE_TEST_KEEP    1: keep the engine, images and work folder (stop with IMAGE_TEST_STOP=1)
 #   IMAGE_TEST_STOP    1: only stop and remove what a kept run left in IMAGE_TEST_DIR
 #   MEGATRON_LM_DIR    a Megatron-LM checkout to build from (a git repository with the tag, or a
-#                      plain tree of that release) [../shared/megatron-lm/<tag>.tar.gz]
+#                      plain tree of that release); else tests/megatron_lm_source.py finds the tag
+#                      (MEGATRON_LM_ARCHIVES, a cached or fresh shallow clone: docs/testing.md)
 #   DEBIAN_MIRROR      [http://deb.debian.org/debian]
 #   PYTHON312          the host's CPython 3.12 that the stand-in gets [the one of .venv312]
 #   MEGATRON_CORE_VERSION, MEGATRON_LM_TAG   build other releases than the Dockerfile's defaults
@@ -37,6 +38,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$root/tests/image
 arg_default() { sed -n "s/^ARG $1=//p" "$root/docker/Dockerfile"; }
 mlm_tag=${MEGATRON_LM_TAG:-$(arg_default MEGATRON_LM_TAG)}
+# Megatron-LM's sources before anything else: without them nothing below can build (one line
+# says what to set)
+python3 "$root/tests/megatron_lm_source.py" check "$mlm_tag" || exit 3
 core_version=${MEGATRON_CORE_VERSION:-$(arg_default MEGATRON_CORE_VERSION)}
 nvrx_version=$(arg_default NVRX_VERSION)
 image=del-megatron-test/del-megatron:latest
@@ -152,10 +156,11 @@ prepare_megatron_lm() {
     mkdir -p "$repo"
     tar -C "$MEGATRON_LM_DIR" --exclude=.git -c . | tar -C "$repo" -x
   else
-    local tarball=$root/../shared/megatron-lm/$mlm_tag.tar.gz
-    [ -f "$tarball" ] || die "no $tarball: set MEGATRON_LM_DIR to a Megatron-LM $mlm_tag checkout"
+    local tree
+    tree=$(python3 "$root/tests/megatron_lm_source.py" tree "$mlm_tag" "$work/src") ||
+      die "Megatron-LM $mlm_tag: no sources"
     mkdir -p "$repo"
-    tar -C "$repo" -xzf "$tarball" --strip-components=1
+    tar -C "$tree" -c . | tar -C "$repo" -x
   fi
   git -C "$repo" init -q
   git -C "$repo" add -A
