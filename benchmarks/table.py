@@ -113,14 +113,15 @@ def kernels_table(paths) -> None:
     time and peak memory against Megatron's CE."""
     print(f"`del` = {AUTO}.\n")
     print(
-        "| tokens | vocab | TP | logits | row | measures | kernel | forward ms | backward ms | "
-        "time | peak MiB | peak |"
+        "| tokens | vocab | TP | logits | threads | row | measures | kernel | forward ms | "
+        "backward ms | time | peak MiB | peak |"
     )
-    print("|---" * 12 + "|")
+    print("|---" * 13 + "|")
     for r in rows(paths, tuple(MEASURES)):
         forward, backward = r.get("forward_s"), r.get("backward_s")
         print(
-            f"| {r['tokens']} | {r['vocab']} | {r['tp']} | {r['dtype']} | {r['impl']} | "
+            f"| {r['tokens']} | {r['vocab']} | {r['tp']} | {r['dtype']} | "
+            f"{r.get('threads', '-')} | {r['impl']} | "
             f"{MEASURES[r['impl']]} | {r.get('kernel', '-')} | "
             f"{fmt(None if forward is None else forward * 1e3, '.0f')} | "
             f"{fmt(None if backward is None else backward * 1e3, '.0f')} | "

@@ -150,16 +150,19 @@ class CompiledPass:
     """A pass torch.compile'd (dynamic shapes, one graph) over all rows it is given; where
     compilation is off or fails, the eager pass over EAGER_CHUNK_BYTES of fp32 rows at a time,
     so that nothing of [N, V/tp] in fp32 is ever made (logged once). Fake tensors
-    (FakeTensorMode) take the eager route without a word."""
+    (FakeTensorMode) take the eager route without a word; a caller's own torch.compile traces
+    the pointwise pass into its graph."""
 
     def __init__(self, pointwise: Callable, eager: Callable) -> None:
-        self.eager = eager
+        self.pointwise, self.eager = pointwise, eager
         self.compiled = torch.compile(pointwise, dynamic=True, fullgraph=True)
         functools.update_wrapper(self, pointwise)
 
     def __call__(self, logits: torch.Tensor, *rest: torch.Tensor):
         from torch._guards import detect_fake_mode
 
+        if torch.compiler.is_compiling():  # traced into a caller's graph: inline the pass
+            return self.pointwise(logits, *rest)
         if not _COMPILE_FAILED and detect_fake_mode((logits, *rest)) is None:
             try:
                 return self.compiled(logits, *rest)
