@@ -46,10 +46,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def init_cpu_process() -> None:
-    """One gloo rank with Megatron-Core on CPU (Bridge would otherwise start NCCL)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, root)
-    from tests.bridge_cpu import activate, init_single_process
+    """One gloo rank with Megatron-Core on CPU (Bridge would otherwise start NCCL), and Bridge's
+    CPU runtime (del_megatron.cpu.bridge: the Transformer Engine placeholder Bridge's import
+    needs without CUDA)."""
+    from del_megatron.cpu.bridge import activate, init_single_process
 
     activate()
     init_single_process()
@@ -88,10 +88,10 @@ def main(argv=None) -> int:
     from megatron.bridge import AutoBridge
 
     if args.direction == "import" and args.cpu:  # import_ckpt's own steps, local layers
-        from tests.bridge_cpu import on_cpu
+        from del_megatron.cpu.bridge import cpu_provider
 
         bridge = AutoBridge.from_hf_pretrained(args.hf_model)
-        provider = on_cpu(bridge.to_megatron_provider(load_weights=True))
+        provider = cpu_provider(bridge.to_megatron_provider(load_weights=True))
         provider.finalize()
         model = provider.provide_distributed_model(wrap_with_ddp=False)
         bridge.save_megatron_model(model, args.megatron_path, hf_tokenizer_path=args.hf_model)

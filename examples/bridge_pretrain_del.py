@@ -20,18 +20,15 @@ a cross-entropy run's. docs/continued-pretraining.md walks the whole path.
     # a tiny Qwen2-class model from a local config, built and printed, pretrain() not run
     python examples/bridge_pretrain_del.py --tiny --tokenizer /path/to/hf_tokenizer_dir --dry-run
 
---cpu runs on a machine without CUDA (gloo, fp32, Megatron-Core's local layers; the tests' CPU
-support, tests/bridge_cpu.py): a smoke test of the path with a tiny model, not for training.
+--cpu runs on a machine without CUDA (gloo, fp32, Megatron-Core's local layers; Bridge's CPU
+runtime, del_megatron.cpu.bridge): a smoke test of the path with a tiny model, not for training.
 The tokenizer must split numbers one digit per token (Qwen2.5, Llama-2, Mistral, DeepSeek).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -157,10 +154,9 @@ def build_config(args: argparse.Namespace):
 def for_cpu(cfg) -> None:
     """gloo, fp32, Megatron-Core's local layers, the plain (not distributed) optimizer, no
     overlap, no dropout, no TensorBoard: what a CUDA-less machine runs."""
-    sys.path.insert(0, ROOT)
-    from tests.bridge_cpu import on_cpu
+    from del_megatron.cpu.bridge import cpu_provider
 
-    on_cpu(cfg.model)
+    cpu_provider(cfg.model)
     cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0
     cfg.mixed_precision = None
     cfg.dist.distributed_backend = "gloo"
@@ -172,14 +168,10 @@ def for_cpu(cfg) -> None:
 
 def _bridge_without_cuda(dry_run: bool) -> None:
     """--cpu / --dry-run on a CPU machine: Bridge imports Transformer Engine in one module
-    (LoRA's fused layers), and its training loop needs CPU answers (tests/bridge_cpu.py)."""
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, ROOT)
-        from tests import bridge_cpu
+    (LoRA's fused layers), and its training loop needs CPU answers (del_megatron.cpu.bridge)."""
+    from del_megatron.cpu import bridge
 
-        bridge_cpu.without_transformer_engine() if dry_run else bridge_cpu.activate()
+    bridge.without_transformer_engine() if dry_run else bridge.activate()
 
 
 def main(argv=None) -> int:

@@ -1,15 +1,22 @@
-"""Megatron-Bridge's own pretrain() loop with DEL on CPU, two gloo ranks under torchrun
-(torchrun ... -m tests.bridge_loops <folder> <out.json>), on the model and data of
-tests/hf_workers.py `make`, configured by examples/bridge_pretrain_del.py --cpu:
+"""Megatron-Bridge's own finetune() and pretrain() loops with DEL on CPU, two gloo ranks under one
+torchrun (torchrun ... -m tests.bridge_loops <folder> <out.json>), on the model, data and
+converted checkpoint of tests/hf_workers.py `prepare`:
 
-1. pretrain() from random weights, data-parallel 2, the "digit" reduction over 2 micro-batches
-   per rank, 4 iterations, a checkpoint at iterations 2 and 4;
-2. pretrain() again, resumed from the iteration-2 checkpoint (checkpoint.ckpt_step): its
+1. examples/bridge_pretrain_del.py's main() with FINETUNE_FLAGS: what
+   `torchrun --nproc-per-node 2 examples/bridge_pretrain_del.py <FINETUNE_FLAGS>` runs (Bridge's
+   finetune() from the converted weights, tensor-parallel 2, token reduction, 3 iterations,
+   saved at the end for the export). Bridge logs its iterations to stdout, which the test reads;
+   these lines are the ones with "/ 3" iterations.
+2. pretrain() from random weights, configured by the example's --cpu flags, data-parallel 2,
+   the "digit" reduction over 2 micro-batches per rank, 4 iterations, a checkpoint at
+   iterations 2 and 4;
+3. pretrain() again, resumed from the iteration-2 checkpoint (checkpoint.ckpt_step): its
    iterations 3 and 4 must log what the uninterrupted run logged.
 
-The process group is made here, so both runs share it (Bridge keeps a group it did not make);
-each run's end tears Megatron's global state down, as a Bridge job's does. Every logged value
-(Bridge's reduced loss_dict, the numbers of its "iteration N" line) is written by rank 0.
+One process group for the three runs (Bridge keeps a group it did not make; each run's end
+tears Megatron's model-parallel state down, as a Bridge job's does), so Bridge is imported
+once a rank. The pretrain() runs' logged values (Bridge's reduced loss_dict, the numbers of its
+"iteration N" line) are written by rank 0.
 """
 
 from __future__ import annotations
@@ -21,6 +28,18 @@ import sys
 from . import hf_workers
 
 ALPHA = 0.5
+FINETUNE_ITERS = 3
+
+
+def finetune_flags(folder: str) -> list:
+    """The flags of the continued-pretraining command (docs/continued-pretraining.md)."""
+    flags = ["--hf-model", hf_workers.hf_dir(folder)]
+    flags += ["--pretrained-checkpoint", hf_workers.megatron_dir(folder)]
+    flags += ["--data-path", hf_workers.data_prefix(folder)]
+    flags += ["--save", hf_workers.trained_dir(folder)]
+    flags += ["--tp", "2", "--alpha", str(ALPHA), "--seq-length", str(hf_workers.SEQ)]
+    flags += ["--lr", "1e-3", "--global-batch-size", "4", "--micro-batch-size", "2"]
+    return flags + ["--train-iters", str(FINETUNE_ITERS), "--cpu"]
 
 
 def example():
@@ -59,11 +78,12 @@ def run(module, argv: list, **checkpoint) -> list:
 def main(folder: str, out: str) -> None:
     import torch.distributed as dist
 
-    from . import bridge_cpu
+    from del_megatron.cpu import bridge
 
-    bridge_cpu.activate()
+    bridge.activate()
     dist.init_process_group("gloo")
     module = example()
+    assert module.main(finetune_flags(folder)) == 0
     saved = os.path.join(folder, "loops_checkpoints")
     argv = ["--cpu", "--hf-model", hf_workers.hf_dir(folder)]
     argv += ["--data-path", hf_workers.data_prefix(folder), "--reduction", "digit"]

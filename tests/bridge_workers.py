@@ -1,7 +1,7 @@
 """Megatron-Bridge 0.6.2 and NeMo 2.7.0 checks, run in a fresh process each (python -m
 tests.bridge_workers <check> <out.json>): Bridge's import alone takes a minute on 2 cores, and
 the CPU shim changes torch.cuda for the process, so the pytest process stays clean. The
-Transformer Engine placeholder and Bridge's loop on CPU: tests/bridge_cpu.py.
+Transformer Engine placeholder and Bridge's loop on CPU: del_megatron.cpu.bridge.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Dict
 
 import torch
 
-from .bridge_cpu import without_transformer_engine
+from del_megatron.cpu.bridge import without_transformer_engine
 
 SEQ = 16
 ALPHA = 0.5
@@ -288,6 +288,7 @@ def check_bridge(out: str) -> None:
     }
     result["export"] = export_round_trip(bridge, model, folder)
     result["model_config"] = model_config_path(state, tokenizer, cfg.vocab)
+    result["fsdp"] = logits_free_under_fsdp(provider, tokenizer)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
 
@@ -346,6 +347,34 @@ def model_config_path(state, tokenizer, vocab) -> Dict[str, Any]:
     mask = batch["loss_mask"].double()
     report["loss_sum"] = float(loss_sum)
     report["ref_loss_sum"] = float(((ref["ce"] + ALPHA * ref["term"]) * mask).sum())
+    return report
+
+
+def logits_free_under_fsdp(provider, tokenizer) -> Dict[str, Any]:
+    """enable_numerical_loss(ConfigContainer, logits_free=True) on a real recipe ConfigContainer
+    with each of Bridge's FSDP switches (cfg.ddp.use_megatron_fsdp, cfg.dist.use_megatron_fsdp,
+    cfg.dist.use_torch_fsdp2): the refusal's message, and whether the provider was left as it
+    was; without FSDP the same call is accepted."""
+    from megatron.bridge.recipes.common import _pretrain_common
+
+    from del_megatron.megatron.bridge import enable_numerical_loss
+
+    report: Dict[str, Any] = {}
+    for where in ("ddp.use_megatron_fsdp", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2", None):
+        cfg = _pretrain_common()
+        cfg.model = provider
+        if where is not None:
+            section, field = where.split(".")
+            setattr(getattr(cfg, section), field, True)
+        before = getattr(provider, "del_logits_free", None)
+        try:
+            enable_numerical_loss(cfg, tokenizer, loss="del", alpha=ALPHA, logits_free=True)
+            report[str(where)] = {"refused": None}
+        except ValueError as err:
+            report[str(where)] = {"refused": str(err)}
+        after = getattr(provider, "del_logits_free", None)
+        report[str(where)]["provider_unchanged"] = after == before
+        report[str(where)]["logits_free_after"] = after
     return report
 
 

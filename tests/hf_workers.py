@@ -8,9 +8,11 @@ process each (python -m tests.hf_workers <step> <folder> <out.json>):
   Megatron sample (SEQ + 1 tokens of the concatenated stream) is the same sequence whatever the
   shuffle: the first training batch is known, and its cross-entropy through `transformers` is
   the reference for the first step's `ce loss`.
-- `check_export`: the exported model loads in `transformers`; its weights are the DEL-trained
-  Megatron checkpoint's (not the original model's), and its logits on a batch match the
-  Megatron model's.
+- `prepare`: `make`, then examples/bridge_convert.py import --cpu of the model.
+- `export_and_check`: examples/bridge_convert.py export of Bridge's DEL checkpoint (and of
+  Megatron-LM's, --megatron-lm) in one process; each exported model loads in `transformers`,
+  its weights are the DEL-trained Megatron checkpoint's (not the original model's), and its
+  logits on a batch match the Megatron model's.
 """
 
 from __future__ import annotations
@@ -176,32 +178,40 @@ SAME_WEIGHTS = {
 
 
 def export_and_check(folder: str, out: str, megatron_lm_checkpoint: str = "") -> None:
-    """bridge_convert.py export ... --cpu in this process (of Bridge's DEL checkpoint, or with
-    --megatron-lm of the one Megatron-LM wrote), then: the exported folder loads in
-    transformers; its weights are the DEL checkpoint's and not the original model's; its
-    logits on the training sample and on a second batch match the Megatron model's."""
-    from .bridge_cpu import activate
+    """In one process: bridge_convert.py export ... --cpu of Bridge's DEL checkpoint and, given
+    one, export --megatron-lm ... --cpu of the checkpoint Megatron-LM wrote; each checked
+    (`check_export`). Results under "bridge" and "megatron_lm"."""
+    from del_megatron.cpu.bridge import activate
 
     activate()  # before Bridge's import (the Transformer Engine placeholder)
     from megatron.bridge import AutoBridge
-    from transformers import AutoModelForCausalLM
 
+    convert(export_args(folder) + ["--cpu"])
+    bridge = AutoBridge.from_hf_pretrained(hf_dir(folder))
+    megatron = bridge.load_megatron_model(trained_dir(folder), wrap_with_ddp=False)[0]
+    result = {"bridge": check_export(folder, exported_dir(folder), megatron)}
     if megatron_lm_checkpoint:
+        from megatron.bridge.training.model_load_save import load_megatron_model
+
         target = os.path.join(folder, "hf_del_megatron_lm")
         argv = ["export", "--megatron-lm", "--hf-model", hf_dir(folder)]
         convert(argv + ["--megatron-path", megatron_lm_checkpoint, "--hf-path", target, "--cpu"])
-        from megatron.bridge.training.model_load_save import load_megatron_model
-
         path = os.path.join(megatron_lm_checkpoint, "iter_{:07d}")
         with open(os.path.join(megatron_lm_checkpoint, "latest_checkpointed_iteration.txt")) as f:
             path = path.format(int(f.read()))
         megatron = load_megatron_model(path, model_type="gpt", use_cpu_init=True)
         megatron = megatron[0] if isinstance(megatron, list) else megatron
-    else:
-        target = exported_dir(folder)
-        convert(export_args(folder) + ["--cpu"])
-        bridge = AutoBridge.from_hf_pretrained(hf_dir(folder))
-        megatron = bridge.load_megatron_model(trained_dir(folder), wrap_with_ddp=False)[0]
+        result["megatron_lm"] = check_export(folder, target, megatron)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def check_export(folder: str, target: str, megatron) -> Dict[str, Any]:
+    """The exported folder `target` loads in transformers; its weights are the DEL checkpoint's
+    (`megatron`, the Megatron model loaded from it) and not the original model's; its logits on
+    the training sample and on a second batch match the Megatron model's."""
+    from transformers import AutoModelForCausalLM
+
     exported = AutoModelForCausalLM.from_pretrained(target).float().eval()
     original = AutoModelForCausalLM.from_pretrained(hf_dir(folder)).float().eval()
     megatron.eval()
@@ -231,8 +241,7 @@ def export_and_check(folder: str, out: str, megatron_lm_checkpoint: str = "") ->
     result["logit_scale"] = float(hf_logits.abs().max())
     result["exported_ce"] = hf_cross_entropy(exported, batch)
     result["original_ce"] = hf_cross_entropy(original, batch)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    return result
 
 
 STEPS = {"make": make, "prepare": prepare, "export_and_check": export_and_check}

@@ -107,6 +107,23 @@ def test_model_config_path_works_or_refuses_loudly(bridge):
     assert r["loss_sum"] == pytest.approx(r["ref_loss_sum"], rel=1e-5)
 
 
+@pytest.mark.parametrize(
+    "switch", ["ddp.use_megatron_fsdp", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"]
+)
+def test_logits_free_refuses_fsdp_on_a_recipe_config_container(bridge, switch):
+    """A real ConfigContainer with one of Bridge's FSDP switches: enable_numerical_loss(...,
+    logits_free=True) refuses it, naming the switch and the way out, before it changes the
+    provider (the logits-free loss never calls the output layer, where FSDP gathers its
+    weight); the same container without FSDP is accepted."""
+    r = bridge["fsdp"][switch]
+    flag = "--" + switch.split(".")[1].replace("_", "-")
+    assert r["refused"] is not None and flag in r["refused"], r
+    assert "--del-logits-free" in r["refused"]
+    assert r["provider_unchanged"]
+    accepted = bridge["fsdp"]["None"]
+    assert accepted["refused"] is None and accepted["logits_free_after"] is True
+
+
 def test_recipe_example_dry_run_enables_the_loss(tmp_path):
     """examples/bridge_pretrain_del.py --tiny --dry-run, as README gives it: a recipe
     ConfigContainer, enable_numerical_loss reads the digit ids from the recipe's tokenizer."""
@@ -129,7 +146,7 @@ def test_recipe_example_dry_run_enables_the_loss(tmp_path):
 # a tiny Qwen2 model trained a little with transformers, an offline Qwen2 tokenizer, and data
 # whose every sample is the same known sequence.
 
-TRAIN_ALPHA = 0.5
+TRAIN_ALPHA = 0.5  # tests/bridge_loops.py ALPHA
 
 
 def torchrun(*args: str) -> list:
@@ -149,13 +166,14 @@ def run_ok(command: list, timeout: int = 1200) -> str:
     return proc.stdout
 
 
-def logged_iterations(stdout: str) -> dict:
-    """{iteration: {name: value}} from Bridge's "iteration N/ M | name: value | ..." lines."""
+def logged_iterations(stdout: str, total: int) -> dict:
+    """{iteration: {name: value}} from Bridge's "iteration N/ total | name: value | ..." lines
+    (those of the run with `total` iterations)."""
     import re
 
     rows = {}
     for line in stdout.splitlines():
-        match = re.search(r"iteration\s+(\d+)/\s*\d+ \|(.*)", line)
+        match = re.search(rf"iteration\s+(\d+)/\s*{total} \|(.*)", line)
         if match:
             fields = (f.split(": ") for f in match.group(2).split("|") if ": " in f)
             rows[int(match.group(1))] = {k.strip(): float(v) for k, v in fields}
@@ -163,31 +181,40 @@ def logged_iterations(stdout: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def continued(tmp_path_factory):
-    """HF model -> (bridge_convert.py import) -> DEL with Bridge's finetune(), TP 2 ->
-    (bridge_convert.py export) -> transformers, and Bridge's pretrain() loops on the same data."""
-    from .hf_workers import data_prefix, hf_dir, megatron_dir, trained_dir
-
+def prepared(tmp_path_factory):
+    """The tiny HF model, its data and bridge_convert.py import of it (tests/hf_workers.py)."""
     folder = tmp_path_factory.mktemp("continued")
     made = folder / "made.json"
     run_ok(hf_worker("prepare", folder, made))
-    train = ["examples/bridge_pretrain_del.py", "--hf-model", hf_dir(str(folder))]
-    train += ["--pretrained-checkpoint", megatron_dir(str(folder))]
-    train += ["--data-path", data_prefix(str(folder)), "--save", trained_dir(str(folder))]
-    train += ["--tp", "2", "--alpha", str(TRAIN_ALPHA), "--seq-length", "16", "--lr", "1e-3"]
-    train += ["--global-batch-size", "4", "--micro-batch-size", "2", "--train-iters", "3", "--cpu"]
-    log = logged_iterations(run_ok(torchrun(*train)))
-    checked = folder / "checked.json"
-    run_ok(hf_worker("export_and_check", folder, checked))
+    return {"folder": folder, "made": json.loads(made.read_text())}
+
+
+@pytest.fixture(scope="module")
+def continued(prepared):
+    """DEL from the converted weights with Bridge's finetune() (examples/bridge_pretrain_del.py,
+    TP 2), and Bridge's pretrain() loops on the same data, in one torchrun
+    (tests/bridge_loops.py)."""
+    from .bridge_loops import FINETUNE_ITERS
+
+    folder = prepared["folder"]
     loops = folder / "loops.json"
-    run_ok(torchrun("-m", "tests.bridge_loops", str(folder), str(loops)))
+    stdout = run_ok(torchrun("-m", "tests.bridge_loops", str(folder), str(loops)))
     return {
-        "made": json.loads(made.read_text()),
-        "log": log,
-        "checked": json.loads(checked.read_text()),
+        **prepared,
+        "log": logged_iterations(stdout, FINETUNE_ITERS),
         "loops": json.loads(loops.read_text()),
-        "folder": folder,
     }
+
+
+@pytest.fixture(scope="module")
+def exported(continued, megatron_lm_route):
+    """bridge_convert.py export of the finetune() run's checkpoint and export --megatron-lm of
+    the one Megatron-LM's pretrain_gpt.py wrote, each loaded back and checked, in one process."""
+    folder = continued["folder"]
+    checked = folder / "checked.json"
+    checkpoint = str(megatron_lm_route["checkpoint"])
+    run_ok(hf_worker("export_and_check", folder, checked) + [checkpoint])
+    return json.loads(checked.read_text())
 
 
 def test_continued_pretraining_starts_from_the_imported_weights(continued):
@@ -208,8 +235,8 @@ def test_finetune_logs_compose_as_in_megatron_lm(continued):
         assert 0 < row["digit share"] < 1 and row["del term"] > 0
 
 
-def test_exported_model_loads_with_the_trained_weights(continued):
-    r = continued["checked"]
+def test_exported_model_loads_with_the_trained_weights(exported):
+    r = exported["bridge"]
     assert r["class"] == "Qwen2ForCausalLM"
     assert all(r["same_as_megatron"].values()), r["same_as_megatron"]
     assert r["changed_by_training"] > 1e-4  # not the original model's weights
@@ -265,20 +292,18 @@ def start_flags(checkpoint_dir, pretrained) -> list:
 
 
 @pytest.fixture(scope="module")
-def megatron_lm_route(continued, tmp_path_factory):
-    import glob
-    import shutil
+def megatron_lm_route(prepared, tmp_path_factory):
+    """pretrain_gpt.py through the drop-in, started as a module of the installed package from
+    the Megatron-LM tree, from the converted weights."""
+    from del_megatron.megatron import pretrain_gpt_del
 
-    from .e2e.megatron_lm import DROP_IN, cpu_environment, parse_log, prepare_tree
+    from .e2e.megatron_lm import cpu_environment, parse_log, prepare_tree
     from .hf_workers import data_prefix, hf_dir, megatron_dir
 
-    folder, base = continued["folder"], tmp_path_factory.mktemp("megatron-lm")
+    folder, base = prepared["folder"], tmp_path_factory.mktemp("megatron-lm")
+    # Megatron-LM's dataset helpers: the megatron-core wheel's build, which del_megatron.cpu
+    # finds in the base environment this layered one extends
     tree = prepare_tree(MEGATRON_LM_TAG, base / "src", patched=False)
-    # Megatron-LM builds its dataset helpers with make; here the megatron-core wheel's build
-    import megatron.core.datasets as datasets
-
-    for built in glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*")):
-        shutil.copy(built, tree / "megatron" / "core" / "datasets")
     checkpoint = base / "checkpoints"
     start = start_flags(checkpoint, megatron_dir(str(folder)))
     flags = [*TINY_QWEN2, *CPU_RUN, "--tensor-model-parallel-size", "2"]
@@ -290,7 +315,7 @@ def megatron_lm_route(continued, tmp_path_factory):
     flags += ["--save", str(checkpoint), "--save-interval", "3", *start]
     flags += ["--numerical-loss", "del", "--del-alpha", str(TRAIN_ALPHA)]
     proc = subprocess.run(
-        torchrun(str(DROP_IN), *flags),
+        torchrun("-m", pretrain_gpt_del.__name__, *flags),
         cwd=tree,
         env=cpu_environment(),
         capture_output=True,
@@ -299,25 +324,23 @@ def megatron_lm_route(continued, tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     iterations, _ = parse_log(proc.stdout)
-    checked = base / "checked.json"
-    run_ok(hf_worker("export_and_check", folder, checked) + [str(checkpoint)])
-    return {"start": start, "log": iterations, "checked": json.loads(checked.read_text())}
+    return {"start": start, "log": iterations, "checkpoint": checkpoint}
 
 
-def test_megatron_lm_starts_from_the_converted_weights(megatron_lm_route, continued):
+def test_megatron_lm_starts_from_the_converted_weights(megatron_lm_route, prepared):
     """pretrain_gpt.py with --pretrained-checkpoint (and an empty --load): the first step's
     ce loss is the Hugging Face model's, and its logged DEL entries compose."""
     assert "--pretrained-checkpoint" in megatron_lm_route["start"]
     log = megatron_lm_route["log"]
     assert sorted(log) == [1, 2, 3]
-    assert log[1]["ce loss"] == pytest.approx(continued["made"]["hf_ce"], rel=2e-6)
+    assert log[1]["ce loss"] == pytest.approx(prepared["made"]["hf_ce"], rel=2e-6)
     for row in log.values():
         composed = row["ce loss"] + TRAIN_ALPHA * row["del term"] * row["digit share"]
         assert row["lm loss"] == pytest.approx(composed, rel=2e-6)
 
 
-def test_megatron_lm_checkpoint_exports_to_hugging_face(megatron_lm_route):
-    r = megatron_lm_route["checked"]
+def test_megatron_lm_checkpoint_exports_to_hugging_face(exported):
+    r = exported["megatron_lm"]
     assert r["class"] == "Qwen2ForCausalLM"
     assert all(r["same_as_megatron"].values()), r["same_as_megatron"]
     assert r["changed_by_training"] > 1e-4

@@ -32,10 +32,11 @@ import glob
 import importlib.abc
 import importlib.util
 import os
+import site
 import sys
 import sysconfig
 import types
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -211,23 +212,42 @@ def _stub_batch_invariant_kernels() -> None:
     sys.modules[BATCH_INVARIANT_MODULE] = stub
 
 
-def _model_parallel_seed(seed: int, *args, **kwargs) -> None:
+def _model_parallel_seed(
+    seed: int,
+    *args,
+    tp_rank: Optional[int] = None,
+    ep_rank: Optional[int] = None,
+    etp_rank: Optional[int] = None,
+    **kwargs,
+) -> None:
     """tensor_parallel.model_parallel_cuda_manual_seed on the CPU RNG tracker, with Megatron's
-    seed offsets (the data-parallel, model-parallel and expert-parallel states)."""
+    seed offsets (the data-parallel, model-parallel and expert-parallel states). The ranks
+    default to parallel_state's, as Megatron's do."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import random as tp_random
 
+    tp_rank = ps.get_tensor_model_parallel_rank() if tp_rank is None else tp_rank
+    ep_rank = ps.get_expert_model_parallel_rank() if ep_rank is None else ep_rank
+    etp_rank = ps.get_expert_tensor_parallel_rank() if etp_rank is None else etp_rank
     tracker = tp_random.get_cuda_rng_tracker()
     tracker.reset()
     tracker.add(tp_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(
-        tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME,
-        seed + 2718 + ps.get_tensor_model_parallel_rank(),
-    )
-    expert_offset = 100 * ps.get_expert_model_parallel_rank() + (
-        ps.get_expert_tensor_parallel_rank()
-    )
-    tracker.add(tp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + expert_offset)
+    tracker.add(tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
+    tracker.add(tp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
+
+
+def _site_dirs() -> List[str]:
+    """Where installed packages live, in search order: this environment's site-packages, then
+    every sys.path entry (a layered environment adds its base's site-packages there, through a
+    .pth file or PYTHONPATH). Each folder once."""
+    paths = sysconfig.get_paths()
+    found = [paths["purelib"], paths["platlib"], *site.getsitepackages(), *sys.path]
+    dirs: List[str] = []
+    for folder in found:
+        folder = os.path.abspath(folder or os.curdir)
+        if folder not in dirs and os.path.isdir(folder):
+            dirs.append(folder)
+    return dirs
 
 
 def _load_wheel_helpers() -> None:
@@ -240,7 +260,8 @@ def _load_wheel_helpers() -> None:
     except ImportError:
         pass
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    for site_dir in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+    searched = _site_dirs()
+    for site_dir in searched:
         found = glob.glob(os.path.join(site_dir, "megatron", "core", "datasets", "helpers_cpp*"))
         found = [f for f in found if f.endswith(suffix)]
         if found:
@@ -250,8 +271,8 @@ def _load_wheel_helpers() -> None:
             sys.modules[name] = module
             return
     raise ImportError(
-        f"{name}: no compiled dataset helpers in the imported megatron nor in the installed "
-        "megatron-core wheel; pip install megatron-core"
+        f"{name}: no compiled dataset helpers in the imported megatron nor in an installed "
+        f"megatron-core wheel (searched {', '.join(searched)}); pip install megatron-core"
     )
 
 

@@ -111,8 +111,9 @@ def enable_numerical_loss(
     own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
     applies DEL to single-digit tokens only). Settings del_megatron cannot train with (a fused
     cross-entropy that bypasses the loss hook, full-iteration CUDA graphs, the combined 1F1B
-    schedule; with logits_free, deferred embedding wgrad, FSDP on a ConfigContainer's ddp, fp16
-    with the "forward" route) are refused here, before training (support.py).
+    schedule; with logits_free, deferred embedding wgrad, Megatron-FSDP or torch FSDP2 on a
+    ConfigContainer's ddp or dist, fp16 with the "forward" route) are refused here, before
+    training (support.py).
 
     With reduction="digit", pass Bridge's forward step through `numerical_forward_step`: it
     counts each step's digit targets (over all micro-batches and data-parallel ranks) on the
@@ -138,9 +139,10 @@ def enable_numerical_loss(
         vocab.check_vocab_size(size)
     route = weight_gradient_of(logits_free)
     check_model_config(config, route)
-    ddp = getattr(target, "ddp", None)  # a ConfigContainer's DistributedDataParallelConfig
-    if ddp is not None and route is not None:
-        check_logits_free(ddp, route)
+    if route is not None:  # a ConfigContainer's DDP and distributed settings (FSDP's switches)
+        for settings in (getattr(target, "ddp", None), getattr(target, "dist", None)):
+            if settings is not None:
+                check_logits_free(settings, route)
     # Plain attributes, not dataclass fields: Bridge's run_config.yaml, ModelConfig.as_dict and
     # the HF export serialise fields only, and deepcopy keeps instance attributes.
     for name, value in config_fields(cfg).items():
