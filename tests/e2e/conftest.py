@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import pytest
 
 from tests.megatron_lm_source import UNAVAILABLE_EXIT, SourceUnavailable
 from tests.sentencepiece_models import train_sentencepiece_models
 
-from .megatron_lm import DROP_IN, Run, check_sources, prepare_tree, run_pretrain
+from .megatron_lm import (
+    DROP_IN,
+    Run,
+    check_sources,
+    prepare_tree,
+    run_pretrain,
+    tags_for_this_environment,
+)
 
 VARIANTS = ("patched", "drop-in")
 
@@ -23,12 +30,29 @@ def pytest_configure(config):
         pytest.exit(str(missing), returncode=UNAVAILABLE_EXIT)
 
 
+# The drop-in as a module of the installed package (del_megatron/megatron/pretrain_gpt_del.py);
+# examples/pretrain_gpt_del.py (DROP_IN) is the same by path.
+DROP_IN_MODULE = "del_megatron.megatron.pretrain_gpt_del"
+
+
+def drop_in_launch(tag: str) -> List[str]:
+    """How the drop-in starts at `tag`: at the environment's newest tag as a module, from the
+    Megatron-LM tree with del_megatron imported from its install (`torchrun ... -m
+    del_megatron.megatron.pretrain_gpt_del`), at the others by path (the example script). Both
+    run every drop-in test, so each way is tested end to end without a run more."""
+    if tag == tags_for_this_environment()[-1]:
+        return ["-m", DROP_IN_MODULE]
+    return [str(DROP_IN)]
+
+
 class Trainer:
     """Runs one pretrain script (the patched pretrain_gpt.py, or the drop-in from a clean tree)
-    and keeps each named run, so tests that look at the same run share it."""
+    and keeps each named run, so tests that look at the same run share it. `launch`: what
+    follows torchrun's (or python's) options, before the flags: the script's path, or "-m" and
+    the module."""
 
-    def __init__(self, variant: str, tree: Path, script: Path, workdir: Path) -> None:
-        self.variant, self.tree, self.script, self.workdir = variant, tree, script, workdir
+    def __init__(self, variant: str, tree: Path, launch: List[str], workdir: Path) -> None:
+        self.variant, self.tree, self.launch, self.workdir = variant, tree, launch, workdir
         self._runs: Dict[str, Run] = {}
 
     def path(self, name: str) -> Path:
@@ -37,7 +61,8 @@ class Trainer:
     def run(self, name: str, flags: Sequence[str], nproc: int = 2) -> Run:
         if name not in self._runs:
             log = self.workdir / f"{name}.log"
-            self._runs[name] = run_pretrain(self.tree, self.script, flags, nproc, log)
+            first, *rest = self.launch  # run_pretrain puts `first` where torchrun takes a script
+            self._runs[name] = run_pretrain(self.tree, first, [*rest, *flags], nproc, log)
         return self._runs[name]
 
 
@@ -51,8 +76,11 @@ def trainers(tmp_path_factory):
         if key not in made:
             base = tmp_path_factory.mktemp(f"{tag}-{variant}")
             tree = prepare_tree(tag, base / "src", patched=variant == "patched")
-            script: Optional[Path] = tree / "pretrain_gpt.py" if variant == "patched" else DROP_IN
-            made[key] = Trainer(variant, tree, script, base)
+            if variant == "patched":
+                launch = [str(tree / "pretrain_gpt.py")]
+            else:
+                launch = drop_in_launch(tag)
+            made[key] = Trainer(variant, tree, launch, base)
         return made[key]
 
     return get

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 from tests import megatron_lm_source
 from tests.distributed import free_port
@@ -149,12 +149,13 @@ def cpu_environment() -> Dict[str, str]:
 
 def run_pretrain(
     tree: Path,
-    script: Path,
+    script: Union[str, Path],
     flags: Sequence[str],
     nproc: int = 2,
     log_path: Optional[Path] = None,
 ) -> Run:
-    """torchrun `script` from the Megatron-LM `tree` with `flags` on CPU (gloo)."""
+    """torchrun `script` (a path, or "-m" with the module first in `flags`) from the Megatron-LM
+    `tree` with `flags` on CPU (gloo)."""
     command = [
         sys.executable, str(PEAK_RSS_SCRIPT),
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),

@@ -1,12 +1,14 @@
 """Megatron-LM's own pretrain() loop with the numerical losses, on every release we claim.
 
-The tests run Megatron-LM's patched pretrain_gpt.py and the drop-in examples/pretrain_gpt_del.py
-(from an unpatched tree) under torchrun on CPU (gloo, 2 ranks, TP=2 unless said), and assert on
-the values Megatron-LM printed in its own log. The two scripts differ only in how they reach the
-plugin (a patch, or a script that wraps pretrain_gpt's functions): both run the composition,
-telemetry, refusal and --help tests, and the drop-in must print every value the patched script
-prints, on every line. Resume, tensor/sequence parallel and tokenizer runs go through the same
-plugin calls and run once, on the patched script.
+The tests run Megatron-LM's patched pretrain_gpt.py and the drop-in (from an unpatched tree:
+`-m del_megatron.megatron.pretrain_gpt_del` of the installed package at the environment's
+newest tag, examples/pretrain_gpt_del.py by path at the others; conftest.drop_in_launch) under
+torchrun on CPU (gloo, 2 ranks, TP=2 unless said), and assert on the values Megatron-LM printed
+in its own log. The two differ only in how they reach the plugin (a patch, or a module that
+wraps pretrain_gpt's functions): both run the composition, telemetry, refusal and --help tests,
+and the drop-in must print every value the patched script prints, on every line. Resume,
+tensor/sequence parallel and tokenizer runs go through the same plugin calls and run once, on
+the patched script.
 
 Every tag runs the training checks. The checks that stop before training or train with another
 tokenizer (--help, the refusals, the tokenizer's digit ids) run at the environment's newest tag:
@@ -305,7 +307,7 @@ def test_digit_ids_come_from_the_runs_tokenizer_and_merging_ones_are_refused(
 def test_help_lists_the_del_flags(trainers, tag, variant):
     trainer = trainers(tag, variant)
     done = subprocess.run(
-        [sys.executable, str(trainer.script), "--help"],
+        [sys.executable, *trainer.launch, "--help"],
         cwd=trainer.tree,
         env=cpu_environment(),
         capture_output=True,
