@@ -1,7 +1,7 @@
 """Docker image and launch scripts: lint, the Dockerfile's defaults, and launch.sh's environment.
 
 The image itself is built and run by the separate image test, tests/image/run.sh (it needs a
-Docker engine and about 8 minutes); these checks run in a second.
+Docker engine; docs/testing.md says what it runs and how long it takes); these run in seconds.
 """
 
 import ast

@@ -16,8 +16,8 @@
 #      the workers, they resume from the checkpoint, and every logged `lm loss` equals step 2's
 #      (the resumed run's second line is the mean of two steps, as every run's second line).
 #
-#   bash tests/image/run.sh            (as root; from scratch ~12 GB of disk at the peak, and
-#                                       ~6.5 minutes on 2 idle cores: docker/README.md)
+#   bash tests/image/run.sh            (as root; from scratch ~12 GB of disk at the peak; the time
+#                                       it takes: docs/testing.md)
 #
 # It installs docker.io and mmdebstrap if missing, starts its own Docker engine (data under a temp
 # folder) unless one answers already (DOCKER_HOST), and removes what it made at the end: containers,
