@@ -459,6 +459,54 @@ def stage_logits_free(ctx: Context) -> None:
                 ctx.free()
         del want
         ctx.free()
+    _check_sink_product(ctx)
+
+
+def _check_sink_product(ctx: Context) -> None:
+    """The weight-gradient sink's exact product (Megatron's fp32 main_grad += grad.t() @ hidden,
+    bf16 operands): which way the device forms it (kernels.linear.exact_product_route: one
+    GEMM with fp32 output on CUDA where torch has it, else the operands upcast to fp32), its
+    error against the fp64 product, and on CUDA the time of each way."""
+    from del_megatron.kernels import linear
+
+    tokens, h = ctx.sizes.linear_tokens, ctx.sizes.linear_hidden
+    columns = min(ctx.sizes.vocab, 4 * h)
+    gen = torch.Generator(device=ctx.device).manual_seed(9)
+    grad_t = torch.randn(columns, tokens, generator=gen, device=ctx.device).bfloat16()
+    hidden = torch.randn(tokens, h, generator=gen, device=ctx.device).bfloat16()
+    route = linear.exact_product_route(ctx.device, torch.bfloat16, torch.float32)
+    accumulator = torch.zeros(columns, h, device=ctx.device)
+    with _strict_fp32():
+        linear._add_product_(accumulator, grad_t, hidden, exact=True)
+        want = torch.matmul(grad_t.double(), hidden.double())
+        error = _rel_on_device(accumulator, want)
+        del want
+        times = {}
+        if ctx.device.type == "cuda":
+            upcast = (grad_t.float(), hidden.float())
+            for name, run in (
+                ("fp32-output GEMM", lambda: torch.mm(grad_t, hidden, out_dtype=torch.float32)),
+                ("upcast", lambda: torch.mm(*upcast)),
+            ):
+                if name == "upcast" or linear.fp32_output_gemm(ctx.device):
+                    run()
+                    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+                    start.record()
+                    for _ in range(ctx.sizes.reps):
+                        run()
+                    end.record()
+                    end.synchronize()
+                    times[f"{name} ms"] = start.elapsed_time(end) / ctx.sizes.reps
+    ctx.results.add(
+        "logits_free",
+        "weight-gradient sink product (bf16 into fp32) vs fp64",
+        error < (TF32_TOL if ctx.tf32_forced and route == "upcast" else 1e-5),
+        route=route,
+        shape=[columns, tokens, h],
+        error=error,
+        **times,
+    )
+    ctx.free()
 
 
 def _linear_grads(hidden, weight, labels, mask, cfg, route):

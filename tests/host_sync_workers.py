@@ -111,33 +111,21 @@ def _linear_steps(seed: int, cases) -> None:
 
 def check_linear_loss_steps(seed: int) -> None:
     """numerical_linear_loss at TP 2 x CP 2, with and without sequence parallelism: the
-    "backward" route (with and without the loss mask) and the "forward" route without it."""
+    "backward" route (with and without the loss mask) and the "forward" route with it (what
+    --del-logits-free runs in fp32 and at small h: the upstream gradient's proportionality to
+    the mask checked on the device) and without it."""
     cases = [("backward", False, False), ("backward", True, True), ("forward", False, True)]
+    cases += [("forward", True, False), ("forward", True, True)]
     _linear_steps(seed, cases)
 
 
-def check_linear_forward_route_with_loss_mask(seed: int) -> None:
-    """numerical_linear_loss's "forward" route with the loss mask (what --del-logits-free runs
-    in fp32 and at small h), TP 2 x CP 2."""
-    _linear_steps(seed, [("forward", True, False), ("forward", True, True)])
-
-
 LOSS_CHECKS = ["check_lm_loss_steps", "check_linear_loss_steps"]
-# Checks that find syncs in files this suite does not own yet, and why.
-LINEAR_FILE_SYNCS = (
-    "kernels/linear.py: _EarlyGradients.scale_for reads bool(misfit <= tolerance) on the host "
-    "and scaled_ indexes weight and grad_weight with Python lists"
-)
 
 
-# Files of del_megatron this suite does not own yet (the issue-24 helper's), whose syncs the
-# hook checks count apart, and what they still do per micro-batch.
+# Files the hook checks count apart: the Megatron glue (the "digit" reduction's step accounting
+# may make one host sync a step there: the copy of the step's two counts to an NCCL group's
+# device when the batches are on the host) and the logits-free kernel.
 OTHERS_FILES = ("del_megatron/megatron/", "del_megatron/kernels/linear.py")
-OTHERS_SYNCS = (
-    "accounting.py count/term_scale (.cpu() per batch and per micro-batch, a tensor from a "
-    "Python number), kernels/linear.py scale_for (bool() on the forward route with the loss "
-    "mask that the logits-free hook passes)"
-)
 
 
 def _from_others(event) -> bool:
@@ -198,11 +186,16 @@ def check_hook_step(reduction: str, logits_free: bool, out_path: str) -> None:
     def step(seed: int, syncs=None):
         tokens, labels, positions = number_batch(4, seed)
         batches = [(tokens[i : i + 2], labels[i : i + 2], positions[i : i + 2]) for i in (0, 2)]
+        # share_group as Megatron-LM's (lm.step_accounting): every micro-batch broadcasts the
+        # counts from tensor-parallel rank 0 (here every rank reads the same data)
+        tp_group = ps.get_tensor_model_parallel_group()
         accounting = dmm.DigitAccounting(
             GPT_VOCAB,
             2,
             group=ps.get_data_parallel_group(),
             labels_and_mask=lambda batch: (batch[1], None),
+            share_group=tp_group,
+            share_src=dist.get_global_rank(tp_group, 0),
         )
         data = accounting.wrap(iter(batches)) if reduction == "digit" else iter(batches)
         with accounting if reduction == "digit" else _Nothing(), syncs or _Nothing():

@@ -5,9 +5,9 @@ Every check takes (seed,); checks_for(tp) lists those that apply."""
 from __future__ import annotations
 
 import itertools
-import warnings
 from typing import List
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -120,9 +120,9 @@ class CountedChunks:
 def check_loss_mask_forms_gradients_in_forward(seed: int, route: str = "forward") -> None:
     """With loss_mask and an upstream gradient c * loss_mask (Megatron's loss_func), backward
     multiplies no token chunk out again, and values and gradients equal the materialised path;
-    with any other upstream gradient it recomputes (with a warning), exactly as without
-    loss_mask. The "backward" route forms nothing in forward either way: backward multiplies
-    each vocab tile out once, warning of nothing."""
+    any other upstream gradient is refused there (checked on the device: NOT_PROPORTIONAL, a
+    ValueError on a CPU). The "backward" route forms nothing in forward either way: backward
+    multiplies each vocab tile out once, for any upstream gradient."""
     gen = torch.Generator().manual_seed(seed)
     mask = torch.randint(0, 3, (BATCH, SEQ), generator=gen).float() / 2  # 0, 0.5 and 1
     chunk, chunks = 5, -(-SEQ * BATCH // 5)
@@ -136,22 +136,23 @@ def check_loss_mask_forms_gradients_in_forward(seed: int, route: str = "forward"
                 cfg = dm.NumericalLossConfig(
                     loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
                 )
-                for grad_out, forward_only in ((mask * 0.37, True), (upstream, False)):
-                    what = f"{loss} {reduction} {dtype} proportional={forward_only} {route}"
+                for grad_out, proportional in ((mask * 0.37, True), (upstream, False)):
+                    what = f"{loss} {reduction} {dtype} proportional={proportional} {route}"
+                    if route == "forward" and not proportional:
+                        with CountedChunks() as counted, pytest.raises(ValueError) as refused:
+                            _logits_free(labels, hidden, weight, cfg, grad_out, chunk, mask, route)
+                        assert linear.NOT_PROPORTIONAL in str(refused.value), what
+                        assert counted.calls == chunks and counted.tiles == [], what
+                        continue
                     ref = _materialised(labels, hidden, weight, cfg, grad_out)
-                    with CountedChunks() as counted, warnings.catch_warnings(record=True) as w:
-                        warnings.simplefilter("always")
+                    with CountedChunks() as counted:
                         ours = _logits_free(
                             labels, hidden, weight, cfg, grad_out, chunk, mask, route
                         )
                     if route == "forward":
-                        assert counted.calls == (1 if forward_only else 2) * chunks, what
-                        assert counted.tiles == [], what
+                        assert counted.calls == chunks and counted.tiles == [], what
                     else:
                         assert counted.calls == chunks and counted.tiles == tiles, what
-                    warned = [x for x in w if str(x.message) == linear.NOT_PROPORTIONAL]
-                    recomputed = route == "forward" and not forward_only
-                    assert len(warned) == (1 if recomputed else 0), what
                     torch.testing.assert_close(ours[0], ref[0], rtol=2e-6, atol=2e-6, msg=what)
                     assert _relative_error(ours[1], ref[1]) < grad_tol, f"grad hidden {what}"
                     assert _relative_error(ours[2], ref[2]) < grad_tol, f"grad weight {what}"

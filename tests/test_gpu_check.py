@@ -16,9 +16,8 @@ import torch
 from benchmarks import gpu_check, gpu_integration
 
 ROOT = Path(__file__).resolve().parents[1]
-# Rows that fail today because of files this suite does not own (kernels/linear.py's
-# _EarlyGradients.scale_for reads bool() on the host on the forward route with a loss mask).
-KNOWN_FAILURES = {("syncs", "numerical_linear_loss forward route")}
+# Rows that fail on a CPU (none).
+KNOWN_FAILURES: set = set()
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +51,14 @@ def test_every_stage_reports(cpu_run):
 
 def test_correctness_and_logits_free_pass(cpu_run):
     """Megatron's CE (every kernel), the fp64 reference (both reductions), the logits-free
-    routes: all within tolerance, at both N and both dtypes."""
+    routes: all within tolerance, at both N and both dtypes; the weight-gradient sink's product
+    formed by upcasting on a CPU (no fp32-output GEMM there)."""
     rows = _rows(cpu_run[2], "correctness") + _rows(cpu_run[2], "logits_free")
-    assert len(rows) == 2 * (3 + 2) + 2 * (1 + 2) + 2 * 3
+    assert len(rows) == 2 * (3 + 2) + 2 * (1 + 2) + 2 * 3 + 1
     failed = [r for r in rows if r["ok"] is not True]
     assert not failed, failed
+    (sink,) = [r for r in rows if r["check"].startswith("weight-gradient sink product")]
+    assert sink["route"] == "upcast", sink
 
 
 def test_speed_and_memory_rows(cpu_run):
@@ -77,13 +79,12 @@ def test_speed_and_memory_rows(cpu_run):
 
 
 def test_sync_audit(cpu_run):
-    """The loss path's cases find no cause of a host sync; the logits-free forward route is the
-    known exception (KNOWN_FAILURES), which the audit must keep finding until it is fixed."""
+    """The loss path's cases (the logits-free forward route with its loss mask included) find
+    no cause of a host sync."""
     rows = {r["check"]: r for r in _rows(cpu_run[2], "syncs")}
     assert len(rows) == 6
-    for check, row in rows.items():
-        known = ("syncs", check) in KNOWN_FAILURES
-        assert row["ok"] is (not known), row
+    for row in rows.values():
+        assert row["ok"] is True, row
 
 
 def test_recompiles_and_skips(cpu_run):
@@ -98,8 +99,8 @@ def test_recompiles_and_skips(cpu_run):
 
 
 def test_summary_and_exit_status(cpu_run):
-    """The shell script prints the summary table and exits 1 exactly when a row failed: today
-    only KNOWN_FAILURES."""
+    """The shell script prints the summary table and exits 1 exactly when a row failed (none
+    on a CPU)."""
     status, output, rows = cpu_run
     assert "== gpu_check summary" in output and "| correctness | ce vs Megatron CE" in output
     failed = {(r["stage"], r["check"]) for r in rows if r["ok"] is False}

@@ -10,9 +10,9 @@ Two nets, so that nothing slips through a CPU run:
   Megatron schedule step through the hook (host_sync_workers.py).
 
 A first call before the counted one may make what is made once per run (index tensors on the
-device, the shard-size check); the counted call may not. Checks that still find syncs in files
-of del_megatron.megatron / kernels/linear.py carry `xfail(strict=True)` and name them, so that
-they turn into failures (to be unmarked) once those syncs are gone.
+device, the shard-size check, the fp32-output GEMM probe); the counted call may not. The one
+host sync a step allowed is the "digit" reduction's: its step-wide counts copied to an NCCL
+group's device when the batches are on the host (none on these gloo ranks).
 """
 
 from __future__ import annotations
@@ -91,20 +91,11 @@ def test_numerical_lm_loss_on_fake_tensors(kernel, packing):
 
 LINEAR_CASES = [
     pytest.param(route, masked, id=f"{route}-{'loss_mask' if masked else 'no_mask'}")
-    for route, masked in (("backward", False), ("backward", True), ("forward", False))
+    for route, masked in itertools.product(("backward", "forward"), (False, True))
 ]
-LINEAR_FORWARD_MASKED = pytest.param(
-    "forward",
-    True,
-    id="forward-loss_mask",
-    marks=pytest.mark.xfail(
-        strict=True,
-        reason=workers.LINEAR_FILE_SYNCS,
-    ),
-)
 
 
-@pytest.mark.parametrize("route, masked", [*LINEAR_CASES, LINEAR_FORWARD_MASKED])
+@pytest.mark.parametrize("route, masked", LINEAR_CASES)
 def test_numerical_linear_loss_on_fake_tensors(route, masked):
     """The logits-free path on fake tensors, both weight-gradient routes, with and without the
     loss mask that --del-logits-free passes, THD packing: bf16 for every loss, fp32 for DEL."""
@@ -161,13 +152,6 @@ def test_host_syncs_catches_what_it_should():
 
 
 LOSS_CASES = [pytest.param(check, id=check.removeprefix("check_")) for check in workers.LOSS_CHECKS]
-LOSS_CASES.append(
-    pytest.param(
-        "check_linear_forward_route_with_loss_mask",
-        id="linear_forward_route_with_loss_mask",
-        marks=pytest.mark.xfail(strict=True, reason=workers.LINEAR_FILE_SYNCS),
-    )
-)
 
 
 @pytest.mark.parametrize("check", LOSS_CASES)
@@ -207,16 +191,9 @@ def test_hook_step_loss_path(gloo, tmp_path_factory, reduction, logits_free):
     assert not result["loss_path"], "\n".join(result["loss_path"])
 
 
-def _others_case(reduction: str, logits_free: bool):
-    from del_megatron.megatron.logits_free import core_supports
-
-    marks = ()
-    if reduction == "digit" or (logits_free and core_supports()):
-        marks = pytest.mark.xfail(strict=True, reason=f"still syncing: {workers.OTHERS_SYNCS}")
-    return pytest.param(reduction, logits_free, id=_hook_id(reduction, logits_free), marks=marks)
-
-
-@pytest.mark.parametrize("reduction, logits_free", [_others_case(*k) for k in HOOK_STEPS])
+@pytest.mark.parametrize(
+    "reduction, logits_free", [pytest.param(*k, id=_hook_id(*k)) for k in HOOK_STEPS]
+)
 def test_hook_step_glue(gloo, tmp_path_factory, reduction, logits_free):
     """The same step: the Megatron glue and the logits-free kernel (workers.OTHERS_FILES)
     sync at most once a step for "digit" (the step-wide digit count), never for "token"."""

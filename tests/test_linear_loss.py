@@ -210,3 +210,48 @@ def run_fp64_weight_gradient(hidden, weight, labels, mask, upstream):
     loss = dm.numerical_lm_loss(labels, logits, CFG)
     (loss * upstream.double()).sum().backward()
     return w.grad
+
+
+def test_the_sink_product_takes_an_fp32_output_gemm_where_the_device_has_one(monkeypatch):
+    """exact_product_route: bf16/fp16 operands into an fp32 accumulator take one GEMM with
+    fp32 output on a device that has it (probed once: CUDA builds of recent torch), else they
+    are upcast (every CPU); _add_product_ then multiplies the bf16 operands as they are. The
+    GEMM is emulated here (no CPU kernel exists), the probe forced."""
+    from del_megatron.kernels import linear
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert linear.exact_product_route(cpu, torch.bfloat16, torch.float32) == "upcast"
+    assert linear._probe_fp32_output_gemm(cpu) is False  # torch has no CPU kernel for it
+    probed = []
+    monkeypatch.setattr(linear, "_FP32_OUTPUT_GEMM", {})
+    monkeypatch.setattr(linear, "_probe_fp32_output_gemm", lambda d: probed.append(d) or True)
+    for _ in range(2):
+        assert linear.exact_product_route(cuda, torch.bfloat16, torch.float32) == (
+            "fp32-output GEMM"
+        )
+    assert probed == [cuda]  # once per device
+    assert linear.exact_product_route(cuda, torch.float16, torch.float32) == "fp32-output GEMM"
+    assert linear.exact_product_route(cuda, torch.float32, torch.float32) == "upcast"
+    assert linear.exact_product_route(cuda, torch.bfloat16, torch.float64) == "upcast"
+
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(300, 64, generator=gen).bfloat16()
+    b = torch.randn(64, 48, generator=gen).bfloat16()
+    start = torch.randn(300, 48, generator=gen)
+    want = start.double() + a.double() @ b.double()
+    upcast = start.clone()
+    linear._add_product_(upcast, a, b, exact=True)
+    seen, real_mm = [], torch.mm
+
+    def mm(x, y, out_dtype=None):
+        seen.append((x.dtype, y.dtype, out_dtype))
+        return real_mm(x.to(out_dtype), y.to(out_dtype))
+
+    monkeypatch.setattr(linear, "exact_product_route", lambda *a: "fp32-output GEMM")
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(linear, "WEIGHT_SLICE_BYTES", 48 * 4 * 100)  # 3 slices of 100 rows
+    fused = start.clone()
+    linear._add_product_(fused, a, b, exact=True)
+    assert seen == [(torch.bfloat16, torch.bfloat16, torch.float32)] * 3
+    for got in (upcast, fused):
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-5)

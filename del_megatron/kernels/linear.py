@@ -9,8 +9,9 @@ The gradients take one of two routes (plan.weight_gradient):
 - "forward": given the per-row weights the caller reduces ce by (Megatron's loss mask), forward
   also turns each chunk, in place, into its gradient and multiplies it into grad_hidden [N, h]
   and into an fp32 grad_weight accumulator [V/tp, h] held until backward, which only scales
-  them (3 matmuls in all, the materialised path's count). Without those weights (or when the
-  upstream gradient is not proportional to them) backward multiplies each chunk out again.
+  them (3 matmuls in all, the materialised path's count). The upstream gradient of ce must then
+  be proportional to those weights (checked on the device: NOT_PROPORTIONAL). Without them, or
+  on a second backward, backward multiplies each chunk out again.
 - "backward": backward multiplies the logits out again one vocab tile [N, t] at a time, turns
   each into its gradient and multiplies it into its rows of grad_weight (written once, in the
   weight's dtype) and into an fp32 grad_hidden [N, h] (4 matmuls; nothing [V/tp, h] but the
@@ -22,7 +23,8 @@ large beside V/tp; resolve_weight_gradient).
 A caller that keeps its own fp32 gradient accumulator for the weight (Megatron's main_grad under
 gradient-accumulation fusion) hands it over with `weight_gradient_into(...)`: backward then adds
 the weight's gradient there, its products formed in the accumulator's dtype (never rounded to the
-weight's), and returns what the caller's protocol asks for in place of the gradient.
+weight's: one GEMM with fp32 output where the device has it, exact_product_route), and returns
+what the caller's protocol asks for in place of the gradient.
 
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
@@ -33,13 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import warnings
 from dataclasses import replace
-from typing import Callable, Iterator, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from ..device import check_on_device
 from ..vocab import NUM_DIGITS
 from . import recompute
 from .common import KernelPlan, TargetRows, compute_dtype, rows_per_chunk
@@ -52,9 +54,10 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 LINEAR_MIN_CHUNKS = 8
 
 NOT_PROPORTIONAL = (
-    "numerical_linear_loss: the upstream gradient of the loss is not proportional to loss_mask "
-    "(reduce it as sum(loss * loss_mask) times a scalar, or pass no loss_mask), so backward "
-    "multiplies every chunk out again: exact, one matmul more"
+    "numerical_linear_loss: on the 'forward' weight-gradient route the upstream gradient of the "
+    "loss must be proportional to loss_mask (the loss reduced as sum(loss * loss_mask) times a "
+    "scalar, as Megatron's loss_func does), and it is not: reduce it that way, pass the loss "
+    "mask your reduction uses, pass weight_gradient='backward', or pass no loss_mask"
 )
 
 # Bytes of a gradient product (grad_weight's, or grad_hidden's on the "backward" route) formed
@@ -191,10 +194,10 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
 
     "forward" with plan.ce_weights w [N]: forward also forms each chunk's unscaled gradient
     (softmax - onehot) * w and multiplies it into grad_hidden [N, h] and an fp32 grad_weight
-    accumulator [V/tp, h] (3 matmuls in all). When the upstream gradient of ce is c * w for one
-    scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale), backward scales them by
-    c and adds the digit logits' gradient ([N, 10], through ten columns). Any other upstream
-    gradient (or a second backward) takes the recompute route: exact either way.
+    accumulator [V/tp, h] (3 matmuls in all). The upstream gradient of ce must be c * w for one
+    scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale; checked on the device,
+    no host sync): backward scales them by c and adds the digit logits' gradient ([N, 10],
+    through ten columns). A second backward takes the recompute route.
     """
 
     @staticmethod
@@ -266,10 +269,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         ctx.early = None
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
-            if scale is not None:
-                grads = early.scaled_(scale, grad_digits, hidden, weight, plan, sink is not None)
-            else:
-                warnings.warn(NOT_PROPORTIONAL, stacklevel=2)
+            grads = early.scaled_(scale, grad_digits, hidden, weight, plan, sink is not None)
             del early
         if grads is None:
             recomputed = _recomputed_gradients if plan.weight_gradient == "forward" else _by_tile
@@ -357,7 +357,7 @@ def _by_tile(
     _, second_pass, sub_step = chunk_passes(hidden, tile, n)
     grad_weight = torch.empty_like(weight) if sink is None else None
     # The sink's products are formed in its dtype: hidden converted once, not per tile.
-    hidden_for_sink = None if sink is None else hidden.to(sink.accumulator.dtype)
+    hidden_for_sink = None if sink is None else _exact_operand(hidden, sink.accumulator.dtype)
     grad_hidden = torch.zeros(hidden.shape, dtype=shift.dtype, device=hidden.device)
     for start in range(0, local_vocab, tile):
         end = min(start + tile, local_vocab)
@@ -385,25 +385,87 @@ def _by_tile(
     return grad_hidden.to(hidden.dtype), grad_weight
 
 
+# device -> whether torch.mm(..., out_dtype=torch.float32) multiplies half-precision operands
+# there (fp32_output_gemm).
+_FP32_OUTPUT_GEMM: Dict[torch.device, bool] = {}
+
+
+def _probe_fp32_output_gemm(device: torch.device) -> bool:
+    """One tiny bf16 GEMM with fp32 output on `device`; False where torch has no such kernel.
+    Reads no value (no host sync)."""
+    ones = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
+    try:
+        product = torch.mm(ones, ones, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return product.dtype == torch.float32
+
+
+def fp32_output_gemm(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16/fp16 operands into an fp32 product in one GEMM
+    (torch.mm's out_dtype: CUDA builds of recent torch; never on a CPU). Probed once per
+    device (not while tensors are fake or traced: those calls probe and keep nothing)."""
+    if device.type != "cuda":
+        return False
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    known = _FP32_OUTPUT_GEMM.get(device)
+    if known is None:
+        from torch._guards import detect_fake_mode
+
+        known = _probe_fp32_output_gemm(device)
+        if detect_fake_mode() is None and not torch.compiler.is_compiling():
+            _FP32_OUTPUT_GEMM[device] = known
+    return known
+
+
+def exact_product_route(
+    device: torch.device, operand_dtype: torch.dtype, accumulator_dtype: torch.dtype
+) -> str:
+    """How a product of `operand_dtype` operands is formed in `accumulator_dtype` (the exact
+    path of _add_product_): "fp32-output GEMM" (bf16/fp16 operands straight into an fp32
+    product, as Megatron's fused weight-gradient accumulation does; about 10x the speed of an
+    fp32 GEMM on a GPU), or "upcast" (the operands converted to the accumulator's dtype first)."""
+    half = operand_dtype in (torch.bfloat16, torch.float16)
+    if half and accumulator_dtype == torch.float32 and fp32_output_gemm(device):
+        return "fp32-output GEMM"
+    return "upcast"
+
+
+def _exact_operand(b: torch.Tensor, accumulator_dtype: torch.dtype) -> torch.Tensor:
+    """b as the exact path of _add_product_ multiplies it (converted once by callers that use
+    it for many products)."""
+    if exact_product_route(b.device, b.dtype, accumulator_dtype) == "upcast":
+        return b.to(accumulator_dtype)
+    return b
+
+
 def _add_product_(
     accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor, exact: bool = False
 ) -> None:
     """accumulator [m, h] += a [m, k] @ b [k, h] (grad_hidden from a vocab tile; grad_weight
     from a chunk's gradient, a = grad.t()). In one dtype, addmm_ needs no temporary; otherwise
     the product is formed WEIGHT_SLICE_BYTES of it at a time, not [m, h] whole beside the
-    accumulator: in a's dtype, or with `exact` in the accumulator's (as a GEMM with fp32
-    output, e.g. Megatron's fused weight-gradient accumulation; a and b are converted a slice
-    at a time, b once: torch has no fp32-output matmul of bf16 inputs on every device)."""
+    accumulator: in a's dtype, or with `exact` in the accumulator's (exact_product_route: one
+    GEMM with fp32 output where the device has it, else a and b converted, a a slice at a
+    time, b once)."""
     if a.dtype == accumulator.dtype and b.dtype == accumulator.dtype:
         accumulator.addmm_(a, b)
         return
-    if exact:
+    upcast = exact and exact_product_route(a.device, a.dtype, accumulator.dtype) == "upcast"
+    if upcast:
         b = b.to(accumulator.dtype)
-    rows = max(1, WEIGHT_SLICE_BYTES // (b.size(1) * b.element_size()))
+    elif exact:
+        b = b.to(a.dtype)  # no-op where the caller passed it as _exact_operand gives it
+    # bytes of one row of the product as it is formed
+    row_bytes = b.size(1) * (accumulator.element_size() if exact else b.element_size())
+    rows = max(1, WEIGHT_SLICE_BYTES // row_bytes)
     for start in range(0, accumulator.size(0), rows):
         part = slice(start, start + rows)
-        if exact:
+        if upcast:
             accumulator[part].addmm_(a[part].to(accumulator.dtype), b)
+        elif exact:
+            accumulator[part].add_(torch.mm(a[part], b, out_dtype=accumulator.dtype))
         else:
             accumulator[part].add_(torch.matmul(a[part], b))
 
@@ -441,10 +503,10 @@ class _EarlyGradients(NamedTuple):
             torch.zeros(weight.shape, dtype=dtype, device=weight.device),
         )
 
-    def scale_for(
-        self, grad_ce: Optional[torch.Tensor], rows: TargetRows
-    ) -> Optional[torch.Tensor]:
-        """c [] when grad_ce == c * ce_weights on the rows that count (one host sync), else None."""
+    def scale_for(self, grad_ce: Optional[torch.Tensor], rows: TargetRows) -> torch.Tensor:
+        """c [] with grad_ce == c * ce_weights on the rows that count, checked on the device
+        (check_on_device: NOT_PROPORTIONAL otherwise; a non-finite grad_ce passes, and its
+        gradients are non-finite as the materialised path's would be)."""
         if grad_ce is None:
             return torch.zeros((), dtype=self.ce_weights.dtype, device=self.ce_weights.device)
         weights = torch.where(rows.valid, self.ce_weights, 0.0)
@@ -453,7 +515,8 @@ class _EarlyGradients(NamedTuple):
         scale = torch.where(norm > 0, (grad * weights).sum() / norm.clamp(min=1e-300), 0.0)
         misfit = (grad - scale * weights).abs().amax()
         tolerance = SCALE_TOLERANCE * torch.finfo(weights.dtype).eps * grad.abs().amax()
-        return scale if bool(misfit <= tolerance) else None
+        check_on_device(~(misfit > tolerance), NOT_PROPORTIONAL)
+        return scale
 
     def scaled_(
         self,
@@ -470,15 +533,15 @@ class _EarlyGradients(NamedTuple):
         grad_weight = self.grad_weight.mul_(scale)
         grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
         if grad_digits is not None and plan.digits.columns:
-            columns = list(plan.digits.columns)
-            digit_grad = grad_digits[:, list(plan.digits.digits)].to(hidden.dtype)
-            grad_hidden.add_(torch.matmul(digit_grad, weight[columns]))
+            digits, columns = plan.digits.index(hidden.device)
+            digit_grad = grad_digits.index_select(1, digits).to(hidden.dtype)
+            grad_hidden.add_(torch.matmul(digit_grad, weight.index_select(0, columns)))
             if exact:
                 dtype = grad_weight.dtype
                 product = torch.matmul(digit_grad.t().to(dtype), hidden.to(dtype))
             else:
                 product = torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
-            grad_weight[columns] += product
+            grad_weight.index_add_(0, columns, product)
         return grad_hidden, grad_weight
 
 

@@ -17,14 +17,20 @@ whatever the cut into micro-batches and ranks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
+from ..device import check_on_device
 from ..numbers import number_layout
 from ..vocab import DigitVocab
 from . import state
+
+NO_COUNTS = (
+    "DigitAccounting has no counts for this step: pass the data iterator through "
+    "accounting.wrap(...) (or call count(batches)) before the step's forward passes"
+)
 
 
 def _dict_labels_and_mask(batch: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -75,7 +81,9 @@ class DigitAccounting:
         self.n_tokens: Optional[torch.Tensor] = None
         self.n_digits: Optional[torch.Tensor] = None
         # Micro-batches of the window last counted: Megatron divides each one's loss by it.
-        self.microbatches: Optional[torch.Tensor] = None
+        # (an int where counted, a tensor [] where received from share_src)
+        self.microbatches: Union[None, int, torch.Tensor] = None
+        self._on_device: Dict[torch.device, torch.Tensor] = {}
         self._outer: Optional[DigitAccounting] = None
 
     @property
@@ -93,31 +101,44 @@ class DigitAccounting:
 
     def count(self, batches: List[Any], microbatches: Optional[int] = None) -> None:
         """Count this rank's loss tokens and digit targets in `batches` and sum over the group.
-        microbatches: how many the step runs (Megatron's divisor; default num_microbatches)."""
-        counts = torch.zeros(2, dtype=torch.float64)
+        microbatches: how many the step runs (Megatron's divisor; default num_microbatches).
+
+        The counts stay tensors on the device they are summed on (the batches', or the group's
+        collective device): nothing is read on the host. Batches on the host and an NCCL group
+        cost one host-to-device copy of the two counts a step."""
+        counts = None
         for batch in batches:
             labels, mask = self.labels_and_mask(batch)
             if mask is None:
                 mask = labels != self.ignore_index
             mask = mask.reshape(labels.shape).to(torch.float64)
             is_digit = number_layout(labels, self.vocab, self.ignore_index).is_digit
-            counts += torch.stack([mask.sum(), (is_digit * mask).sum()]).cpu()
+            these = torch.stack([mask.sum(), (is_digit * mask).sum()])
+            counts = these if counts is None else counts.to(these.device) + these
+        if counts is None:
+            counts = torch.zeros(2, dtype=torch.float64)
         if self.group is not None:
             counts = counts.to(self._device(self.group))
             dist.all_reduce(counts, group=self.group)
-        self.n_tokens, self.n_digits = counts[0].cpu(), counts[1].cpu()
-        step = self.num_microbatches if microbatches is None else microbatches
-        self.microbatches = torch.tensor(float(step), dtype=torch.float64)
+        self.n_tokens, self.n_digits = counts.unbind()
+        self.microbatches = self.num_microbatches if microbatches is None else microbatches
+        self._on_device = {}
 
     def _share(self) -> None:
-        """Broadcast the counts from share_src over share_group (-1: none yet)."""
-        counts = torch.full((3,), -1.0, dtype=torch.float64)
-        if self.n_digits is not None:
-            counts = torch.stack([self.n_tokens, self.n_digits, self.microbatches])
-        counts = counts.to(self._device(self.share_group))
+        """Broadcast the counts from share_src over share_group (-1: it has none, and every
+        rank stops the step: checked on the device)."""
+        device = self._device(self.share_group)
+        source = dist.get_rank() == self.share_src
+        if source and self.n_digits is not None:
+            counts = torch.stack([self.n_tokens, self.n_digits]).to(device)
+            counts = torch.cat([counts, counts.new_full((1,), float(self.microbatches))])
+        else:
+            counts = torch.full((3,), -1.0, dtype=torch.float64, device=device)
         dist.broadcast(counts, src=self.share_src, group=self.share_group)
-        if counts[1] >= 0:
-            self.n_tokens, self.n_digits, self.microbatches = counts.cpu().unbind()
+        check_on_device(counts[1] >= 0, NO_COUNTS)
+        if not source:
+            self.n_tokens, self.n_digits, self.microbatches = counts.unbind()
+            self._on_device = {}
 
     def wrap(
         self,
@@ -142,19 +163,27 @@ class DigitAccounting:
             yield from batches
 
     def term_scale(self, microbatch_tokens: torch.Tensor) -> torch.Tensor:
-        """Factor for this micro-batch's summed numerical term (its loss tokens: microbatch_tokens)
-        so that Megatron's normalisation turns it into sum(term) / N_digits_global."""
+        """Factor [] (fp64, on microbatch_tokens' device) for this micro-batch's summed numerical
+        term (its loss tokens: microbatch_tokens) so that Megatron's normalisation turns it into
+        sum(term) / N_digits_global. Reads nothing on the host; the counts are moved to that
+        device once a step if they are elsewhere."""
         if self.share_group is not None and dist.get_world_size(self.share_group) > 1:
             self._share()
         if self.n_digits is None:
-            raise RuntimeError(
-                "DigitAccounting has no counts for this step: pass the data iterator through "
-                "accounting.wrap(...) (or call count(batches)) before the step's forward passes"
-            )
-        n_digits = self.n_digits.clamp(min=1.0)
+            raise RuntimeError(NO_COUNTS)
+        n_tokens, n_digits = self._counts_on(microbatch_tokens.device)
+        n_digits = n_digits.clamp(min=1.0)
         if self.per_token_loss:
-            return self.n_tokens / n_digits
-        return self.microbatches * self.ranks * microbatch_tokens.double().cpu() / n_digits
+            return n_tokens / n_digits
+        return self.microbatches * self.ranks * microbatch_tokens.double() / n_digits
+
+    def _counts_on(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(n_tokens, n_digits) on `device`, copied there once per counted step."""
+        if self.n_digits.device == device:
+            return self.n_tokens, self.n_digits
+        if device not in self._on_device:
+            self._on_device[device] = torch.stack([self.n_tokens, self.n_digits]).to(device)
+        return self._on_device[device].unbind()
 
     def __enter__(self) -> DigitAccounting:
         """Make this the current registration's step accounting (register() first)."""
