@@ -183,3 +183,19 @@ def test_tokenizer_that_merges_digits_stops_the_run_before_training():
     args = parse(["--numerical-loss", "del", "--del-allow-multi-digit-tokens"])
     vocab = dmm.config_from_args(args, tokenizer=tok).vocab
     assert [tok.decode([i]) for i in vocab.digit_ids] == [str(d) for d in range(10)]
+
+
+@pytest.mark.parametrize("impl", ["native", "te"])
+def test_the_fused_cross_entropy_log_says_what_replaces_it_and_at_what_memory(impl):
+    """--cross-entropy-fusion-impl te: the materialised loss holds one more logits-sized buffer
+    than TE's in-place kernel (said in bytes a logit); logits-free holds none. Never "the same
+    passes"."""
+    from del_megatron.megatron.hook import fusion_replacement
+
+    kept, free = fusion_replacement(impl), fusion_replacement(impl, "forward")
+    if impl == "te":
+        assert "Transformer Engine" in kept and "one more [s, b, V/tp] buffer" in kept, kept
+        assert "4 against TE's 2" in kept, kept
+    assert "logits-free" in free and "route 'forward'" in free, free
+    assert "no [s, b, V/tp] logits or gradient held" in free, free
+    assert "same passes" not in kept + free

@@ -86,6 +86,12 @@ REFUSED = [
         ("--fp16 with --del-logits-free forward", "use --del-logits-free backward"),
         id="F17-fp16-forward-route",
     ),
+    pytest.param(
+        DEL + ["--del-reduction", "digit"],
+        dict(hybrid_context_parallel=True),
+        ("--hybrid-context-parallel with --del-reduction digit", "use --del-reduction token"),
+        id="F15-hybrid-cp-digit-reduction",
+    ),
 ]
 
 
@@ -111,6 +117,8 @@ def test_register_from_args_refuses_before_any_model_naming_the_flag_and_the_way
         ("backward", dict(fp16=True, cuda_graph_impl="transformer_engine")),
         ("auto", dict(cuda_graph_impl="local", cuda_graph_scope=["attn", "mlp"])),
         ("auto", dict(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")),
+        (None, dict(hybrid_context_parallel=True, numerical_loss="del", del_reduction="token")),
+        (None, dict(hybrid_context_parallel=True, numerical_loss="ce", del_reduction="digit")),
     ],
 )
 def test_what_is_not_refused(route, flags):

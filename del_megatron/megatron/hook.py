@@ -17,7 +17,7 @@ import functools
 import importlib
 import inspect
 from dataclasses import replace
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -84,6 +84,10 @@ def cfg_from_model_config(config) -> Optional[NumericalLossConfig]:
 
 
 # What replaces each fused cross-entropy implementation, as the log says it once.
+FUSION_NAMES = {
+    "native": "Megatron's fused cross-entropy (impl 'native')",
+    "te": "Transformer Engine's fused cross-entropy (impl 'te')",
+}
 FUSION_REPLACED_BY = {
     "native": (
         "Megatron's fused cross-entropy (impl 'native') is replaced by del_megatron's "
@@ -91,12 +95,26 @@ FUSION_REPLACED_BY = {
     ),
     "te": (
         "Transformer Engine's fused cross-entropy (impl 'te') is replaced by del_megatron's "
-        "vocab-parallel CE+digit kernel. TE's kernel writes the gradient over the logits in "
-        "place; del_megatron's keeps the logits for backward and writes their gradient into a "
-        "new buffer, so the loss holds one more [s, b, V/tp] buffer than TE's (2 bytes a logit "
-        "in bf16). --del-logits-free forms no logits at all"
+        "vocab-parallel CE+digit kernel ('compiled' on CUDA, 'recompute' elsewhere). TE's "
+        "kernel writes the gradient over the logits in place; del_megatron's keeps the logits "
+        "for backward and writes their gradient into a new buffer, so the loss holds one more "
+        "[s, b, V/tp] buffer than TE's (2 bytes a logit in bf16: 4 against TE's 2). "
+        "--del-logits-free forms no logits at all"
     ),
 }
+LOGITS_FREE_REPLACES = (
+    "%s is replaced by del_megatron's logits-free loss (--del-logits-free, weight-gradient "
+    "route '%s'): the output layer's matmul and the CE+digit passes chunked over tokens, with "
+    "no [s, b, V/tp] logits or gradient held (less than the fused kernel's logits buffer)"
+)
+
+
+def fusion_replacement(impl: str, logits_free: Optional[str] = None) -> str:
+    """The log line saying what replaces fused cross-entropy `impl`, and at what memory
+    (logits_free: the weight-gradient route, None when the loss keeps its logits)."""
+    if logits_free is not None:
+        return LOGITS_FREE_REPLACES % (FUSION_NAMES[impl], logits_free)
+    return FUSION_REPLACED_BY[impl]
 
 
 def check_model_config(config, logits_free: Optional[str] = None) -> None:
@@ -106,7 +124,7 @@ def check_model_config(config, logits_free: Optional[str] = None) -> None:
     support.check_settings(config, logits_free)
     if getattr(config, "cross_entropy_loss_fusion", False):
         impl = getattr(config, "cross_entropy_fusion_impl", "native")
-        state.log_once("fusion", "del_megatron: %s", FUSION_REPLACED_BY[impl])
+        state.log_once("fusion", "del_megatron: %s", fusion_replacement(impl, logits_free))
 
 
 def _check_model_once(module) -> None:
@@ -171,6 +189,26 @@ def _cp_group(module):
     if group is None or dist.get_world_size(group) == 1:
         return None
     return group
+
+
+def _cp_layout(module) -> Tuple[Any, str]:
+    """(context-parallel group or None, cp_balancing) of the call in progress. Hybrid context
+    parallelism (core 0.19: PackedSeqParams.local_cp_size set) cuts each micro-batch's whole
+    packed sequence in 2 * local_cp_size chunks over that micro-batch's own group
+    (PackedSeqParams.cp_group; none when local_cp_size is 1); otherwise the model's CP group,
+    balanced per document."""
+    params = _packed_seq_params.get()
+    local_cp_size = getattr(params, "local_cp_size", None)
+    if local_cp_size is None:
+        return _cp_group(module), "document"
+    group = getattr(params, "cp_group", None) if local_cp_size > 1 else None
+    if local_cp_size > 1 and (group is None or dist.get_world_size(group) != local_cp_size):
+        raise ValueError(
+            f"PackedSeqParams.local_cp_size is {local_cp_size} but its cp_group is "
+            f"{'missing' if group is None else f'of {dist.get_world_size(group)} ranks'}: "
+            "hybrid context parallelism hands each micro-batch's CP group with it"
+        )
+    return group, "sequence"
 
 
 # The PackedSeqParams of the LanguageModule.forward in progress (set by _capture_packed_seq_params).
@@ -310,13 +348,15 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
     _check_model_once(self)
     _check_packed_capture(self)
     _check_digit_ids(cfg)
+    cp_group, cp_balancing = _cp_layout(self)
     parts = loss_parts(
         labels,
         logits,
         replace(cfg, reduction="token"),
         _tp_group(self, logits),
-        cp_group=_cp_group(self),
+        cp_group=cp_group,
         cu_seqlens=_cu_seqlens(),
+        cp_balancing=cp_balancing,
     )
     return _token_loss(parts, cfg)
 
@@ -373,6 +413,7 @@ def _logits_free_loss(
         hidden_size,
         weight.size(0),
     )
+    cp_group, cp_balancing = _cp_layout(module)
     with weight_gradient_into(lf.main_grad_sink(output_layer, weight)):
         parts = numerical_linear_loss(
             hidden_states,
@@ -381,8 +422,9 @@ def _logits_free_loss(
             replace(cfg, reduction="token"),
             tp_group,
             return_parts=True,
-            cp_group=_cp_group(module),
+            cp_group=cp_group,
             cu_seqlens=_cu_seqlens(),
+            cp_balancing=cp_balancing,
             sequence_parallel=sequence_parallel,
             loss_mask=loss_mask,
             weight_gradient=route,

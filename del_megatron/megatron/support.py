@@ -82,6 +82,22 @@ def check_schedule(settings: Any) -> None:
         )
 
 
+def check_hybrid_context_parallel(settings: Any) -> None:
+    """Refuse hybrid context parallelism (core 0.19) with the "digit" reduction: its schedule
+    runs forward_step on a new one-sample iterator per packed sub-sample, so the step
+    accounting cannot count the step's digit targets. (The loss itself follows each
+    micro-batch's CP group: hook._cp_layout.)"""
+    digit = getattr(settings, "del_reduction", "token") == "digit"
+    digit = digit and getattr(settings, "numerical_loss", None) not in (None, "ce")
+    if getattr(settings, "hybrid_context_parallel", False) and digit:
+        raise ValueError(
+            "--hybrid-context-parallel with --del-reduction digit: hybrid context parallelism "
+            "schedules each packed sub-sample on its own one-sample data iterator, so "
+            "del_megatron cannot count the step's digit targets for the step-wide digit "
+            "reduction; use --del-reduction token, or drop --hybrid-context-parallel"
+        )
+
+
 def check_logits_free(settings: Any, route: str) -> None:
     """Refuse what the logits-free loss (weight-gradient route `route`) cannot train with."""
     if getattr(settings, "defer_embedding_wgrad_compute", False):
@@ -126,5 +142,6 @@ def check_settings(settings: Any, logits_free: Optional[str] = None) -> None:
     check_fusion_impl(settings)
     check_cuda_graphs(settings)
     check_schedule(settings)
+    check_hybrid_context_parallel(settings)
     if logits_free is not None:
         check_logits_free(settings, logits_free)
