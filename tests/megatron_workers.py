@@ -235,7 +235,8 @@ def _check_hybrid_cp_layout(model, tokens, labels, cp_group) -> None:
     micro-batch): the hook takes the micro-batch's group and cuts the whole packed sequence in
     2 * local_cp_size chunks ("sequence" balancing); with local_cp_size 1 the micro-batch is
     whole on this rank (no CP, whatever parallel_state's CP group); a local_cp_size without its
-    group is refused."""
+    group is refused. A registration's cp_balancing="sequence" cuts a packed micro-batch without
+    local_cp_size the same way over the model's CP group."""
     import types
 
     from del_megatron.megatron import hook
@@ -276,6 +277,19 @@ def _check_hybrid_cp_layout(model, tokens, labels, cp_group) -> None:
         torch.testing.assert_close(alone, want, rtol=0, atol=0)
         with pytest.raises(ValueError, match="local_cp_size is 2 but its cp_group is missing"):
             hooked(whole[:, positions], logits, 2, None)
+    finally:
+        dmm.unregister()
+    # Megatron-LM core 0.19's --dataloader-inter-document-masking (without --sft) cuts the whole
+    # packed sequence over parallel_state's CP group; lm.register_from_args says so at register.
+    dmm.register(CFG, cp_balancing="sequence")
+    try:
+        got = hooked(whole[:, positions], logits, None, None)
+        want = dm.numerical_lm_loss(
+            whole[:, positions], logits, CFG, cp_group=cp_group, cu_seqlens=cu,
+            cp_balancing="sequence",
+        )  # fmt: skip
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert not torch.allclose(got, by_document)
     finally:
         dmm.unregister()
 

@@ -199,3 +199,31 @@ def test_the_fused_cross_entropy_log_says_what_replaces_it_and_at_what_memory(im
     assert "logits-free" in free and "route 'forward'" in free, free
     assert "no [s, b, V/tp] logits or gradient held" in free, free
     assert "same passes" not in kept + free
+
+
+@pytest.mark.parametrize(
+    "flags, balancing",
+    [
+        (dict(), "document"),
+        (dict(dataloader_inter_document_masking=True), "sequence"),
+        (dict(dataloader_inter_document_masking=True, sft=True), "document"),
+    ],
+)
+def test_register_from_args_tells_the_hook_how_packed_batches_are_cut_over_cp(flags, balancing):
+    """Megatron-LM core 0.19's get_batch cuts a packed batch over CP ranks by the whole sequence
+    under --dataloader-inter-document-masking without --sft, else per document: the registration
+    carries which, and the hook cuts the labels the same way (tests/megatron_workers.py,
+    check_hook_passes_the_cp_group)."""
+    from del_megatron.megatron import lm, state
+
+    args = parse(["--numerical-loss", "del", "--del-digit-token-ids", *map(str, range(5, 15))])
+    args.padded_vocab_size = 64
+    for name, value in flags.items():
+        setattr(args, name, value)
+    try:
+        lm.register_from_args(args, tokenizer=None)
+        assert state.current().cp_balancing == balancing
+    finally:
+        dmm.unregister()
+    with pytest.raises(ValueError, match="cp_balancing must be one of"):
+        dmm.register(cp_balancing="documents")

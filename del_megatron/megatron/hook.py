@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
 from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
+from ..sequence import check_balancing
 from ..vocab import DigitVocab
 from . import logits_free as lf
 from . import state, support, telemetry
@@ -196,11 +197,13 @@ def _cp_layout(module) -> Tuple[Any, str]:
     parallelism (core 0.19: PackedSeqParams.local_cp_size set) cuts each micro-batch's whole
     packed sequence in 2 * local_cp_size chunks over that micro-batch's own group
     (PackedSeqParams.cp_group; none when local_cp_size is 1); otherwise the model's CP group,
-    balanced per document."""
+    balanced as the registration says (register's cp_balancing)."""
     params = _packed_seq_params.get()
     local_cp_size = getattr(params, "local_cp_size", None)
     if local_cp_size is None:
-        return _cp_group(module), "document"
+        registration = state.current()
+        balancing = registration.cp_balancing if registration is not None else "document"
+        return _cp_group(module), balancing
     group = getattr(params, "cp_group", None) if local_cp_size > 1 else None
     if local_cp_size > 1 and (group is None or dist.get_world_size(group) != local_cp_size):
         raise ValueError(
@@ -437,6 +440,7 @@ def register(
     *,
     step_accounting: Optional[Callable[[Any], Any]] = None,
     logits_free: Union[bool, str] = False,
+    cp_balancing: str = "document",
 ) -> None:
     """Route every LanguageModule's loss through del_megatron. Calling it again replaces the
     settings (and forgets what the previous registration kept).
@@ -449,8 +453,12 @@ def register(
     megatron-core >= 0.18; refused here otherwise); a route name ("auto", "forward",
     "backward") also picks where the weight gradient is formed (numerical_linear_loss's
     weight_gradient; True is "auto"). A model config can ask for it with the field
-    del_logits_free instead.
+    del_logits_free instead. cp_balancing: how the run's data pipeline cuts a packed (THD)
+    batch over the context-parallel ranks: "document" (Megatron's default: each document in
+    2 * cp chunks) or "sequence" (the whole packed sequence in 2 * cp chunks, as Megatron-LM
+    core 0.19's get_batch does under --dataloader-inter-document-masking without --sft).
     """
+    check_balancing(cp_balancing)
     if cfg is not None and not isinstance(cfg, NumericalLossConfig):
         raise TypeError(f"cfg must be a NumericalLossConfig or None, got {type(cfg).__name__}")
     if lf.weight_gradient_of(logits_free) is not None:
@@ -460,7 +468,12 @@ def register(
         setattr(module, _MARKER, module.compute_language_model_loss)
         module.compute_language_model_loss = _compute_language_model_loss
     _wrap_forwards()
-    registration = Registration(cfg=cfg, make_accounting=step_accounting, logits_free=logits_free)
+    registration = Registration(
+        cfg=cfg,
+        make_accounting=step_accounting,
+        logits_free=logits_free,
+        cp_balancing=cp_balancing,
+    )
     state.begin(registration)
     if cfg is not None and cfg.loss != "ce":
         state.log_once(

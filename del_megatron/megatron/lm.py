@@ -178,8 +178,21 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     make_accounting = None
     if cfg.reduction == "digit" and cfg.loss != "ce":
         make_accounting = functools.partial(step_accounting, cfg, args)
-    register(cfg, step_accounting=make_accounting, logits_free=logits_free)
+    register(
+        cfg,
+        step_accounting=make_accounting,
+        logits_free=logits_free,
+        cp_balancing=cp_balancing_of(args),
+    )
     return cfg
+
+
+def cp_balancing_of(args: Any) -> str:
+    """How Megatron-LM's get_batch cuts a packed batch over context-parallel ranks: the whole
+    sequence ("sequence") under --dataloader-inter-document-masking without --sft (core >= 0.19,
+    pretrain_gpt.py's use_per_sequence_balancing), else per document."""
+    per_sequence = getattr(args, "dataloader_inter_document_masking", False)
+    return "sequence" if per_sequence and not getattr(args, "sft", False) else "document"
 
 
 def destroy_process_groups() -> None:

@@ -37,7 +37,8 @@ class Registration:
     True, or the weight gradient's route ("auto", "forward", "backward").
     accounting_groups: the process groups the accounting was made with; counted_models: the
     models lm.counted has seen (by id); checked_models: the models whose configuration the loss
-    hook has checked (by id)."""
+    hook has checked (by id). cp_balancing: how the data pipeline cuts a packed batch over the
+    context-parallel ranks when no micro-batch says otherwise (hook.register)."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
@@ -49,6 +50,7 @@ class Registration:
     accounting_groups: Tuple[Any, ...] = ()
     counted_models: Dict[int, Any] = field(default_factory=dict)
     checked_models: Dict[int, Any] = field(default_factory=dict)
+    cp_balancing: str = "document"
 
 
 _current: Dict[str, Registration] = {}
