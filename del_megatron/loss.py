@@ -343,8 +343,9 @@ def numerical_linear_loss(
 
     loss_mask [b, s]: the weights the caller's reduction puts on each token's loss, as Megatron's
     loss_func does (sum(loss * loss_mask) times one scale). On the "forward" weight-gradient
-    route, forward then also forms the gradients, and backward only scales them. Any other
-    reduction still gets exact gradients (backward checks, and multiplies the logits out again).
+    route, forward then also forms the gradients, and backward only scales them; the upstream
+    gradient must then be proportional to loss_mask (checked on the device, no host sync; refused
+    otherwise: for another reduction pass weight_gradient="backward", or no loss_mask).
 
     weight_gradient: where the gradients are formed. "forward" (with loss_mask): in forward,
     the weight's summed over the token chunks into an fp32 [V_local, h] accumulator held until

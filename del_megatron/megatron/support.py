@@ -56,14 +56,14 @@ def uses_full_iteration_cuda_graphs(settings: Any) -> bool:
 
 
 def check_cuda_graphs(settings: Any) -> None:
-    """Refuse full-iteration CUDA graphs: they capture the loss, and del_megatron's loss path
-    reads values on the host and keeps per-step state in Python, which a replayed graph would
-    freeze."""
+    """Refuse full-iteration CUDA graphs: they capture the loss, and del_megatron keeps
+    per-step state in Python (telemetry records, the digit reduction's step counts), which a
+    replayed graph would freeze."""
     if uses_full_iteration_cuda_graphs(settings):
         raise ValueError(
             "full-iteration CUDA graphs (--cuda-graph-impl full_iteration, or on core 0.16/0.17 "
-            "--cuda-graph-impl local --cuda-graph-scope full_iteration) capture the loss, which "
-            "del_megatron computes with host reads and per-step state a graph replay would "
+            "--cuda-graph-impl local --cuda-graph-scope full_iteration) capture the loss, for "
+            "which del_megatron keeps per-step state in Python that a graph replay would "
             "freeze; use per-layer CUDA graphs (--cuda-graph-impl transformer_engine or local "
             "with per-layer modules/scopes, which leave the loss out of the graph) or none"
         )
