@@ -55,12 +55,22 @@ def int_tensor(values: Tuple[int, ...]) -> Callable[[torch.device], torch.Tensor
     return make
 
 
+# CUDA's torch._assert_async refuses, on the host, a message of this many characters or more.
+CUDA_ASSERT_MESSAGE_LIMIT = 255
+
+
 def check_on_device(
     ok: torch.Tensor, message: str, details: Optional[Callable[[], str]] = None
 ) -> None:
     """Refuse unless the bool tensor `ok` [] holds, without a host sync (torch._assert_async).
     On a CPU the check runs at once and raises ValueError(message, with details() when given);
-    on CUDA a failing check stops the step with a device-side assert carrying `message`."""
+    on CUDA a failing check stops the step with a device-side assert carrying `message` (so it
+    must be shorter than CUDA_ASSERT_MESSAGE_LIMIT characters, checked here on every device)."""
+    if len(message) >= CUDA_ASSERT_MESSAGE_LIMIT:
+        raise AssertionError(f"check_on_device message of {len(message)} characters: {message}")
+    if ok.device.type != "cpu":
+        torch._assert_async(ok, message)
+        return
     try:
         torch._assert_async(ok, message)
     except RuntimeError:

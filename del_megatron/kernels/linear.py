@@ -54,10 +54,9 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 LINEAR_MIN_CHUNKS = 8
 
 NOT_PROPORTIONAL = (
-    "numerical_linear_loss: on the 'forward' weight-gradient route the upstream gradient of the "
-    "loss must be proportional to loss_mask (the loss reduced as sum(loss * loss_mask) times a "
-    "scalar, as Megatron's loss_func does), and it is not: reduce it that way, pass the loss "
-    "mask your reduction uses, pass weight_gradient='backward', or pass no loss_mask"
+    "numerical_linear_loss, 'forward' weight-gradient route: the upstream gradient is not "
+    "proportional to loss_mask (reduce the loss as sum(loss * loss_mask) times a scalar, as "
+    "Megatron's loss_func does), or pass weight_gradient='backward', or no loss_mask"
 )
 
 # Bytes of a gradient product (grad_weight's, or grad_hidden's on the "backward" route) formed
@@ -424,8 +423,8 @@ def exact_product_route(
 ) -> str:
     """How a product of `operand_dtype` operands is formed in `accumulator_dtype` (the exact
     path of _add_product_): "fp32-output GEMM" (bf16/fp16 operands straight into an fp32
-    product, as Megatron's fused weight-gradient accumulation does; about 10x the speed of an
-    fp32 GEMM on a GPU), or "upcast" (the operands converted to the accumulator's dtype first)."""
+    product, as Megatron's fused weight-gradient accumulation does, at bf16 GEMM speed), or
+    "upcast" (the operands converted to the accumulator's dtype first, an fp32 GEMM)."""
     half = operand_dtype in (torch.bfloat16, torch.float16)
     if half and accumulator_dtype == torch.float32 and fp32_output_gemm(device):
         return "fp32-output GEMM"
@@ -509,14 +508,16 @@ class _EarlyGradients(NamedTuple):
         gradients are non-finite as the materialised path's would be)."""
         if grad_ce is None:
             return torch.zeros((), dtype=self.ce_weights.dtype, device=self.ce_weights.device)
-        weights = torch.where(rows.valid, self.ce_weights, 0.0)
-        grad = torch.where(rows.valid, grad_ce.to(weights.dtype), 0.0)
+        dtype = self.ce_weights.dtype
+        # in fp64, so that the fit's own rounding stays far below the tolerance
+        weights = torch.where(rows.valid, self.ce_weights, 0.0).double()
+        grad = torch.where(rows.valid, grad_ce.to(dtype), 0.0).double()
         norm = weights.square().sum()
         scale = torch.where(norm > 0, (grad * weights).sum() / norm.clamp(min=1e-300), 0.0)
         misfit = (grad - scale * weights).abs().amax()
-        tolerance = SCALE_TOLERANCE * torch.finfo(weights.dtype).eps * grad.abs().amax()
+        tolerance = SCALE_TOLERANCE * torch.finfo(dtype).eps * grad.abs().amax()
         check_on_device(~(misfit > tolerance), NOT_PROPORTIONAL)
-        return scale
+        return scale.to(dtype)
 
     def scaled_(
         self,
@@ -537,8 +538,11 @@ class _EarlyGradients(NamedTuple):
             digit_grad = grad_digits.index_select(1, digits).to(hidden.dtype)
             grad_hidden.add_(torch.matmul(digit_grad, weight.index_select(0, columns)))
             if exact:
-                dtype = grad_weight.dtype
-                product = torch.matmul(digit_grad.t().to(dtype), hidden.to(dtype))
+                product = torch.zeros(
+                    (digit_grad.size(1), hidden.size(1)), dtype=grad_weight.dtype,
+                    device=grad_weight.device,
+                )  # fmt: skip
+                _add_product_(product, digit_grad.t(), hidden, exact=True)
             else:
                 product = torch.matmul(digit_grad.t(), hidden).to(grad_weight.dtype)
             grad_weight.index_add_(0, columns, product)
