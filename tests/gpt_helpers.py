@@ -77,3 +77,15 @@ def number_batch(batch: int, seed: int):
     seq = torch.tensor(rows)
     positions = torch.arange(SEQ).expand(batch, SEQ)
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), positions
+
+
+def batch_on_this_cp_rank(batch: dict, cp_group) -> dict:
+    """Megatron-Core's get_batch_on_this_cp_rank over `cp_group` (cores 0.18+ take
+    is_hybrid_cp first; 0.16 takes the group second)."""
+    import inspect
+
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
+        return get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp_group)
+    return get_batch_on_this_cp_rank(batch, cp_group=cp_group)

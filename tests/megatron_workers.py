@@ -15,7 +15,7 @@ from del_megatron import cpu
 from del_megatron import megatron as dmm
 from del_megatron.kernels.linear import resolve_weight_gradient
 
-from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
+from .gpt_helpers import GPT_VOCAB, batch_on_this_cp_rank, build_gpt, number_batch
 from .linear_workers import CountedChunks
 
 CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB)
@@ -207,13 +207,12 @@ def check_hook_passes_the_cp_group() -> None:
     chunks' digits as in the whole sequence: it equals numerical_lm_loss(cp_group=...). (The
     model runs with its local attention, which knows no CP; only the loss seam is checked.)"""
     from megatron.core import parallel_state
-    from megatron.core.utils import get_batch_on_this_cp_rank
 
     tokens, labels, positions = number_batch(2, seed=11)
     # Megatron's RoPE slices its table for CP with pinned memory, which needs CUDA.
     model = build_gpt(1, position_embedding_type="learned_absolute")
     cp_group = parallel_state.get_context_parallel_group()
-    local = get_batch_on_this_cp_rank(
+    local = batch_on_this_cp_rank(
         {"tokens": tokens, "labels": labels, "position_ids": positions}, cp_group
     )
     args = (local["tokens"], local["position_ids"], None)
@@ -664,11 +663,10 @@ def check_logits_free_under_cp() -> None:
     if _refused_by_this_core():
         return
     from megatron.core import parallel_state
-    from megatron.core.utils import get_batch_on_this_cp_rank
 
     tokens, labels, positions = number_batch(2, seed=24)
     cp_group = parallel_state.get_context_parallel_group()
-    local = get_batch_on_this_cp_rank(
+    local = batch_on_this_cp_rank(
         {"tokens": tokens, "labels": labels, "position_ids": positions}, cp_group
     )
     args = (local["tokens"], local["position_ids"], None)

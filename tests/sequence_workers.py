@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from megatron.core.utils import get_batch_on_this_cp_rank
 
 import del_megatron as dm
 from del_megatron.loss import LOSSES, REDUCTIONS
 from del_megatron.sequence import cp_positions
 
 from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for
+from .gpt_helpers import batch_on_this_cp_rank
 
 ALPHA = 0.7
 # The per-token pieces every layout must reproduce.
@@ -60,7 +60,7 @@ def check_cp_equals_whole_sequence(seed: int) -> None:
     seq = 8 * cp * 3
     labels = long_number_labels(2, seq, seed)
     full = logits_for(seq, 2, PADDED_VOCAB_SIZE, seed)
-    local = get_batch_on_this_cp_rank(
+    local = batch_on_this_cp_rank(
         {"labels": labels.clone(), "logits": full.transpose(0, 1).clone()}, dist.group.WORLD
     )
     positions = cp_positions(seq // cp, cp, rank)
@@ -172,7 +172,7 @@ def check_cp_sequence_balancing_with_packed_documents(seed: int) -> None:
     docs, packed = _packed_unpadded(seed, total)
     cu_seqlens = torch.tensor([0] + [d.size(1) for d in docs]).cumsum(0).to(torch.int32)
     full = logits_for(total, 1, PADDED_VOCAB_SIZE, seed)
-    local = get_batch_on_this_cp_rank(
+    local = batch_on_this_cp_rank(
         {"labels": packed.clone(), "logits": full.transpose(0, 1).clone()}, dist.group.WORLD
     )
     positions = cp_positions(total // cp, cp, rank, cu_seqlens, balancing="sequence")

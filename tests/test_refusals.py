@@ -92,6 +92,24 @@ REFUSED = [
         ("--hybrid-context-parallel with --del-reduction digit", "use --del-reduction token"),
         id="F15-hybrid-cp-digit-reduction",
     ),
+    pytest.param(
+        DEL,
+        dict(hybrid_context_parallel=True, dataloader_inter_document_masking=True),
+        ("--hybrid-context-parallel with --dataloader-inter-document-masking", "drop one"),
+        id="hybrid-cp-inter-document-masking",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(logits_load_dir="/data/teacher-logits"),
+        ("--logits-load-dir (knowledge distillation)", "drop --del-logits-free"),
+        id="cached-logits-distillation",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(export_kd_teacher_load="/ckpt/teacher"),
+        ("--export-kd-teacher-load (knowledge distillation)", "drop --del-logits-free"),
+        id="modelopt-distillation",
+    ),
 ]
 
 
@@ -119,6 +137,11 @@ def test_register_from_args_refuses_before_any_model_naming_the_flag_and_the_way
         ("auto", dict(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")),
         (None, dict(hybrid_context_parallel=True, numerical_loss="del", del_reduction="token")),
         (None, dict(hybrid_context_parallel=True, numerical_loss="ce", del_reduction="digit")),
+        (
+            None,
+            dict(hybrid_context_parallel=True, dataloader_inter_document_masking=True, sft=True),
+        ),
+        (None, dict(logits_load_dir="/data/teacher-logits", logits_save_dir="/data/out")),
     ],
 )
 def test_what_is_not_refused(route, flags):
@@ -177,3 +200,18 @@ def test_the_output_layers_forward_pre_hooks_run_and_one_that_changes_its_input_
     layer.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
     with pytest.raises(ValueError, match="changes the layer's input"):
         run_forward_pre_hooks(layer, hidden)
+
+
+def test_a_device_check_message_fits_cudas_assert():
+    """CUDA's torch._assert_async refuses a message of 255 characters or more on the host,
+    before it looks at the value: every check_on_device message is held to that on any device,
+    and a CPU check that fails raises ValueError with the message and its details."""
+    from del_megatron.device import CUDA_ASSERT_MESSAGE_LIMIT, check_on_device
+    from del_megatron.kernels.linear import NOT_PROPORTIONAL
+
+    assert len(NOT_PROPORTIONAL) < CUDA_ASSERT_MESSAGE_LIMIT
+    check_on_device(torch.tensor(True), NOT_PROPORTIONAL)
+    with pytest.raises(ValueError, match="way out; found 3"):
+        check_on_device(torch.tensor(False), "a way out", lambda: "; found 3")
+    with pytest.raises(AssertionError, match="message of 255 characters"):
+        check_on_device(torch.tensor(True), "x" * CUDA_ASSERT_MESSAGE_LIMIT)

@@ -25,6 +25,7 @@ DEL checkpoint exactly as a cross-entropy one.
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch.distributed as dist
@@ -43,7 +44,7 @@ from .hook import (
 from .lm import counted, process_groups, unwrapped_model
 from .logits_free import set_on_model_config as set_logits_free
 from .logits_free import weight_gradient_of
-from .support import check_logits_free
+from .support import check_hybrid_context_parallel, check_logits_free
 from .telemetry import apply_to_loss
 
 __all__ = [
@@ -139,6 +140,14 @@ def enable_numerical_loss(
         vocab.check_vocab_size(size)
     route = weight_gradient_of(logits_free)
     check_model_config(config, route)
+    # the reduction is recorded on the config only below; its refusals need it now
+    check_hybrid_context_parallel(
+        SimpleNamespace(
+            hybrid_context_parallel=getattr(config, "hybrid_context_parallel", False),
+            numerical_loss=cfg.loss,
+            del_reduction=cfg.reduction,
+        )
+    )
     if route is not None:  # a ConfigContainer's DDP and distributed settings (FSDP's switches)
         for settings in (getattr(target, "ddp", None), getattr(target, "dist", None)):
             if settings is not None:

@@ -23,6 +23,7 @@ import os
 import sys
 import types
 from functools import partial
+from typing import Any
 
 ENV_DIR = "MEGATRON_LM_DIR"
 
@@ -74,6 +75,9 @@ def main() -> None:
     datasets.is_distributed = True
     common = dict(get_embedding_ranks=getattr(pretrain_gpt, "get_embedding_ranks", None))
     common = {k: v for k, v in common.items() if v is not None}
+    restart = getattr(pretrain_gpt, "inprocess_restart", None)
+    if restart is not None:  # as pretrain_gpt.py's main: NVRx in-process restart when asked
+        pretrain, common["store"] = restart.maybe_wrap_for_inprocess_restart(pretrain)
     args_defaults = {"tokenizer_type": "GPT2BPETokenizer"}
 
     if hasattr(arguments, "parse_and_validate_args"):  # core >= 0.18
@@ -86,9 +90,7 @@ def main() -> None:
         # single-digit tokens stops here, before any training.
         lm.register_from_args(args, pretrain_gpt.build_tokenizer(args))
         if hasattr(pretrain_gpt, "gpt_config_from_args"):  # core >= 0.19: no model provider
-            full_config = pretrain_cfg_container_from_args(
-                args, pretrain_gpt.gpt_config_from_args(args)
-            )
+            full_config = pretrain_cfg_container_from_args(args, _model_config(pretrain_gpt, args))
             provider = {}
         else:
             full_config = pretrain_cfg_container_from_args(args)
@@ -112,6 +114,18 @@ def main() -> None:
             **common,
         )
     lm.destroy_process_groups()
+
+
+def _model_config(pretrain_gpt: types.ModuleType, args: Any) -> Any:
+    """The model config pretrain_gpt.py's main builds (core >= 0.19), ModelOpt's when enabled."""
+    modelopt = getattr(pretrain_gpt, "has_nvidia_modelopt", False)
+    if modelopt and hasattr(pretrain_gpt, "maybe_enable_modelopt"):
+        pretrain_gpt.maybe_enable_modelopt(args)
+    if modelopt and getattr(args, "modelopt_enabled", False):
+        return pretrain_gpt.gpt_config_from_args(
+            args, model_config_cls=pretrain_gpt.ModelOptModelConfig
+        )
+    return pretrain_gpt.gpt_config_from_args(args)
 
 
 if __name__ == "__main__":

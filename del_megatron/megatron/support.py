@@ -87,9 +87,19 @@ def check_hybrid_context_parallel(settings: Any) -> None:
     runs forward_step on a new one-sample iterator per packed sub-sample, so the step
     accounting cannot count the step's digit targets. (The loss itself follows each
     micro-batch's CP group: hook._cp_layout.)"""
+    if not getattr(settings, "hybrid_context_parallel", False):
+        return
+    if getattr(settings, "dataloader_inter_document_masking", False) and not getattr(
+        settings, "sft", False
+    ):
+        raise ValueError(
+            "--hybrid-context-parallel with --dataloader-inter-document-masking (without --sft): "
+            "Megatron-LM's get_batch then splits each packed sequence over the whole CP group "
+            "while the micro-batch still carries its hybrid local_cp_size, so the loss cannot "
+            "tell which split its tokens are in; drop one of the two flags"
+        )
     digit = getattr(settings, "del_reduction", "token") == "digit"
-    digit = digit and getattr(settings, "numerical_loss", None) not in (None, "ce")
-    if getattr(settings, "hybrid_context_parallel", False) and digit:
+    if digit and getattr(settings, "numerical_loss", None) not in (None, "ce"):
         raise ValueError(
             "--hybrid-context-parallel with --del-reduction digit: hybrid context parallelism "
             "schedules each packed sub-sample on its own one-sample data iterator, so "
@@ -114,6 +124,14 @@ def check_logits_free(settings: Any, route: str) -> None:
                 f"{flag} shards the output layer's weight and gathers it only when the layer is "
                 "called, which the logits-free loss never does; drop --del-logits-free (the "
                 f"materialised loss is the same) or {flag}"
+            )
+    for field in ("logits_load_dir", "logits_save_dir", "export_kd_teacher_load"):
+        if getattr(settings, field, None):
+            flag = "--" + field.replace("_", "-")
+            raise ValueError(
+                f"{flag} (knowledge distillation) takes the student's logits from the output "
+                "layer's forward, which the logits-free loss never calls; drop --del-logits-free "
+                f"(the materialised loss is the same) or {flag}"
             )
     if getattr(settings, "fp16", False) and route == "forward":
         raise ValueError(
