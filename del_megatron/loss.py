@@ -362,6 +362,8 @@ def numerical_linear_loss(
     _check_linear_inputs(hidden, weight, labels, tp_group, sequence_parallel)
     sequence = _Sequence(cp_group, cu_seqlens, check_balancing(cp_balancing))
     ce_weights = None if loss_mask is None else _flat_loss_mask(loss_mask, labels)
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        ce_weights = None  # no backward (evaluation): form no gradients in forward
     if sequence_parallel and _world(tp_group) > 1:
         hidden = SequenceParallelGather.apply(hidden, tp_group)
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)

@@ -203,6 +203,33 @@ def test_a_weight_gradient_sink_takes_the_gradient_in_fp32(dtype, route, loss_ma
         assert ours < rounded, (ours, rounded)
 
 
+def test_without_a_backward_no_gradient_is_formed_in_forward(monkeypatch):
+    """Evaluation (no_grad, or inputs that need no gradient) on the "forward" route with a loss
+    mask: the loss is the same and no gradient buffer ([V/tp, h] accumulator) is made."""
+    from del_megatron.kernels import linear
+
+    made = []
+    new = linear._EarlyGradients.new
+    monkeypatch.setattr(
+        linear._EarlyGradients, "new", classmethod(lambda cls, *a: made.append(1) or new(*a))
+    )
+    gen = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(5, 2, 8, generator=gen), torch.randn(PADDED_VOCAB_SIZE, 8)
+    labels, mask = torch.randint(0, PADDED_VOCAB_SIZE, (2, 5), generator=gen), torch.ones(2, 5)
+
+    def loss(h, w):
+        return dm.numerical_linear_loss(
+            h, w, labels, CFG, loss_mask=mask, weight_gradient="forward"
+        )
+
+    trained = loss(hidden.requires_grad_(True), weight)
+    assert made == [1]
+    with torch.no_grad():
+        evaluated = loss(hidden, weight)
+    assert torch.equal(evaluated, trained.detach()) and made == [1]
+    assert torch.equal(loss(hidden.detach(), weight), evaluated) and made == [1]
+
+
 def run_fp64_weight_gradient(hidden, weight, labels, mask, upstream):
     """The weight's gradient through the materialised path in fp64 from the same inputs."""
     h, w = hidden.double(), weight.double().requires_grad_(True)
