@@ -108,6 +108,20 @@ def check_hybrid_context_parallel(settings: Any) -> None:
         )
 
 
+# Settings that act only when the output layer itself is called (field -> what they do).
+_SHARDS = "shards the output layer's weight and gathers it only when the layer is called"
+_READS_LOGITS = (
+    "(knowledge distillation) takes the student's logits from the output layer's forward"
+)
+_NEEDS_THE_OUTPUT_LAYER_CALLED = {
+    "use_megatron_fsdp": _SHARDS,
+    "use_torch_fsdp2": _SHARDS,
+    "logits_load_dir": _READS_LOGITS,
+    "logits_save_dir": _READS_LOGITS,
+    "export_kd_teacher_load": _READS_LOGITS,
+}
+
+
 def check_logits_free(settings: Any, route: str) -> None:
     """Refuse what the logits-free loss (weight-gradient route `route`) cannot train with."""
     if getattr(settings, "defer_embedding_wgrad_compute", False):
@@ -117,21 +131,12 @@ def check_logits_free(settings: Any, route: str) -> None:
             "would find nothing to compute there (IndexError at the end of step 1); drop "
             "--defer-embedding-wgrad-compute or --del-logits-free"
         )
-    for field in ("use_megatron_fsdp", "use_torch_fsdp2"):
-        if getattr(settings, field, False):
-            flag = "--" + field.replace("_", "-")
-            raise ValueError(
-                f"{flag} shards the output layer's weight and gathers it only when the layer is "
-                "called, which the logits-free loss never does; drop --del-logits-free (the "
-                f"materialised loss is the same) or {flag}"
-            )
-    for field in ("logits_load_dir", "logits_save_dir", "export_kd_teacher_load"):
+    for field, needs in _NEEDS_THE_OUTPUT_LAYER_CALLED.items():
         if getattr(settings, field, None):
             flag = "--" + field.replace("_", "-")
             raise ValueError(
-                f"{flag} (knowledge distillation) takes the student's logits from the output "
-                "layer's forward, which the logits-free loss never calls; drop --del-logits-free "
-                f"(the materialised loss is the same) or {flag}"
+                f"{flag} {needs}, and the logits-free loss never calls that layer; drop "
+                f"--del-logits-free (the materialised loss is the same) or {flag}"
             )
     if getattr(settings, "fp16", False) and route == "forward":
         raise ValueError(
