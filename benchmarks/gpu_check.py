@@ -868,10 +868,9 @@ def stage_integration(ctx: Context) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", MEGATRON_LM_DIR=checkout)
     env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     if not ctx.cuda:
-        from del_megatron.cpu.training import site_dir
+        from del_megatron.cpu.training import job_environment
 
-        env.update(DEL_MEGATRON_CPU="1", OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH")) if p)
+        env = job_environment(env)
     losses, grads = {}, {}
     for name, command in integration_commands(ctx, Path(checkout)).items():
         done = subprocess.run(

@@ -372,3 +372,12 @@ def torch_cuda_on_cpu() -> Iterator[None]:
 def site_dir() -> str:
     """The folder to put on PYTHONPATH (with DEL_MEGATRON_CPU=1) for a CPU job."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+
+
+def job_environment(base: Dict[str, str]) -> Dict[str, str]:
+    """`base` (an environment) with what every process of a CPU job needs: DEL_MEGATRON_CPU=1,
+    site_dir() first on PYTHONPATH, one OpenMP thread a process."""
+    env = dict(base)
+    path = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH")) if p)
+    env.update({ENV_SWITCH: "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"})
+    return env

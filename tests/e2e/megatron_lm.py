@@ -134,17 +134,9 @@ def parse_log(text: str) -> tuple:
 
 def cpu_environment() -> Dict[str, str]:
     """The environment of a CPU job: del_megatron.cpu's start-up hook in every process."""
-    from del_megatron.cpu.training import site_dir
+    from del_megatron.cpu.training import job_environment
 
-    env = dict(os.environ)
-    path = [site_dir(), env.get("PYTHONPATH", "")]
-    env.update(
-        DEL_MEGATRON_CPU="1",
-        PYTHONPATH=os.pathsep.join(p for p in path if p),
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return job_environment(dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
 def run_pretrain(
