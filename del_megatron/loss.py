@@ -29,6 +29,7 @@ from .numbers import (
     select_positions,
 )
 from .sequence import check_balancing, doc_starts, gather_sequence
+from .slots import slot_logits
 from .vocab import NUM_DIGITS, DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
@@ -73,15 +74,20 @@ class NumericalLossConfig:
 
 
 class LossParts(NamedTuple):
-    """Per-token pieces of the loss, each over [b, s] (this rank's positions):
+    """Per-token pieces of the loss, each over [b, s] (this rank's positions); S is the vocab's
+    max_digits (1, or 3 for a chunking vocab: one slot per digit of a number token):
 
     ce            fp32 per-token cross-entropy over the whole vocab (0 where ignored)
-    term          fp32 numerical term before alpha (DEL: w_t * l_t), 0 off digit targets
-    is_digit      bool, the label is a digit token (and not ignored)
-    digit_logits  fp32 [b, s, 10] the raw logits of the ten digits (telemetry: digit accuracy)
-    digit         int64 target digit 0..9 where is_digit, else 0
+    term          fp32 numerical term before alpha (DEL: the sum over the label's digits of
+                  place weight x l), 0 off number-token targets
+    is_digit      bool, the label is a number token (a digit token, one digit a token) and not
+                  ignored
+    digit_logits  fp32 [b, s, 10] the raw logits of the ten digits (one digit a token), or
+                  [b, s, 3, 10] the slot logits of each digit of the label (docs/DEL.md)
+    digit         int64 target digit 0..9 where is_digit, else 0 ([b, s, 3] per slot)
     n_tokens      [] int64 loss tokens of the whole sequence (all CP ranks)
-    n_digits      [] int64 digit targets of the whole sequence (all CP ranks)
+    n_digits      [] int64 digit targets of the whole sequence (all CP ranks), in digits
+    digit_count   int64, digits the label holds (is_digit for one digit a token)
     """
 
     ce: torch.Tensor
@@ -91,6 +97,7 @@ class LossParts(NamedTuple):
     digit: torch.Tensor
     n_tokens: torch.Tensor
     n_digits: torch.Tensor
+    digit_count: torch.Tensor
 
     def token_loss(self, alpha: float) -> torch.Tensor:
         """[b, s] CE_t + alpha * term_t: the "token" reduction, and what the model returns."""
@@ -128,7 +135,7 @@ def _place_weights(loss: str, layout: NumberLayout, dtype: torch.dtype) -> torch
         return del_weights(layout, dtype)
     if loss == "dist2":
         return dist2_weights(layout, dtype)
-    return layout.is_digit.to(dtype)
+    return layout.in_slot.to(dtype)
 
 
 def _check_config(cfg: NumericalLossConfig) -> None:
@@ -179,7 +186,7 @@ def _sequence_layout(labels: torch.Tensor, cfg: NumericalLossConfig, seq: _Seque
         doc_start = doc_starts(cu_seqlens, whole.size(1), whole.device).unsqueeze(0)
     layout = number_layout(whole, _vocab(cfg), cfg.ignore_index, doc_start)
     n_tokens = (whole != cfg.ignore_index).sum()
-    n_digits = layout.is_digit.sum()
+    n_digits = layout.digit_count.sum()
     if positions is not None:
         layout = select_positions(layout, positions)
     return _Layout(layout, n_tokens, n_digits)
@@ -194,20 +201,36 @@ def _compose_parts(
 ) -> LossParts:
     """ce [s * b] and digit logits [s * b, 10] of a kernel -> LossParts of [b, s]."""
     b, s = labels.shape
+    vocab = _vocab(cfg)
+    slots = vocab.max_digits
     ce = ce.view(s, b).transpose(0, 1).contiguous()  # [b, s], as Megatron returns it
     digit_logits = digit_logits.view(s, b, -1).transpose(0, 1).contiguous()
     seq = _sequence_layout(labels, cfg, sequence)
     layout = seq.local
+    if vocab.chunked:  # the 1,110 number tokens' logits -> [b, s, 3, 10] slot logits
+        digit_logits = slot_logits(digit_logits, layout.digit)
+    else:
+        digit_logits = digit_logits.unsqueeze(-2)
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
     else:
-        # Rows that are not digit targets see zeros: no NaN/inf of theirs reaches the term.
-        z = torch.where(layout.is_digit.unsqueeze(-1), digit_logits, 0.0)
+        # Slots that hold no target digit see zeros: no NaN/inf of theirs reaches the term.
+        z = torch.where(layout.in_slot.unsqueeze(-1), digit_logits, 0.0)
         w = _place_weights(cfg.loss, layout, z.dtype)
         term = HEADS[cfg.loss](z.reshape(-1, z.size(-1)), layout.digit.reshape(-1), w.reshape(-1))
-        term = term.view(b, s)
+        term = term.view(b, s, slots).sum(dim=-1)
+    digit = layout.digit
+    if not vocab.chunked:
+        digit_logits, digit = digit_logits.squeeze(-2), digit.squeeze(-1)
     return LossParts(
-        ce, term, layout.is_digit, digit_logits, layout.digit, seq.n_tokens, seq.n_digits
+        ce,
+        term,
+        layout.is_digit,
+        digit_logits,
+        digit,
+        seq.n_tokens,
+        seq.n_digits,
+        layout.digit_count,
     )
 
 

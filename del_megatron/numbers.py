@@ -14,28 +14,39 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .vocab import CLASS_POINT, DigitVocab
+from .vocab import CODE_LENGTH, CODE_POINT, DigitVocab
 
 # d-th fractional digit of a number gets 1.02 ** -(d + 1) under DEL.
 FRACTION_DECAY = 1.02
 
 
 class NumberLayout(NamedTuple):
-    """Per-position facts about numbers, each [b, s].
+    """Per-position facts about numbers. S is the vocab's max_digits (1, or 3 for a chunking
+    vocab): the slots of a position, one per digit of its label.
 
-    digit:      int64, the target digit 0..9 where `is_digit`, else 0 (a safe dummy index)
-    is_digit:   bool, label is a digit token and not ignored
-    int_place:  int64, k >= 1 in an integer part (units k = 1, tens k = 2, ...), else 0
-    frac_place: int64, d >= 1 for positions right of the split (first fractional d = 1), else 0
-    run_place:  int64, k >= 1 for digits, counted from the last digit of their run of digits
-                only (DIST2's grouping: a decimal point ends a run; last digit k = 1), else 0
+    digit:       int64 [b, s, S], the target digit 0..9 of each slot, else 0 (a safe dummy)
+    is_digit:    bool [b, s], the label is a number token (a digit token, one digit a token)
+                 and not ignored
+    digit_count: int64 [b, s], digits the label holds (0 off number tokens)
+    int_place:   int64 [b, s, S], k >= 1 in an integer part (units k = 1, tens k = 2, ...)
+    frac_place:  int64 [b, s, S], d >= 1 for digits right of the split (first fractional d = 1)
+    run_place:   int64 [b, s, S], k >= 1 for digits, counted from the last digit of their run of
+                 number tokens only (DIST2's grouping: a decimal point ends a run; last k = 1)
+    Slots past a label's last digit hold 0 in every field.
     """
 
     digit: torch.Tensor
     is_digit: torch.Tensor
+    digit_count: torch.Tensor
     int_place: torch.Tensor
     frac_place: torch.Tensor
     run_place: torch.Tensor
+
+    @property
+    def in_slot(self) -> torch.Tensor:
+        """bool [b, s, S]: the slot holds a digit of the label."""
+        slots = torch.arange(self.digit.size(-1), device=self.digit.device)
+        return slots < self.digit_count.unsqueeze(-1)
 
 
 def check_label_dtype(labels: torch.Tensor) -> None:
@@ -64,15 +75,18 @@ def number_layout(
     """
     _check_labels(labels)
     b, s = labels.shape
-    table = vocab.class_table(labels.device)
+    slots = vocab.max_digits
+    table = vocab.token_codes(labels.device)
     other_slot = table.numel() - 1
     ids = labels.long()
     in_table = (ids >= 0) & (ids < other_slot) & (ids != ignore_index)
-    cls = table[torch.where(in_table, ids, other_slot)]  # [b, s]
+    code = table[torch.where(in_table, ids, other_slot)]  # [b, s]
 
-    is_digit = (cls >= 0) & (cls < CLASS_POINT)
-    is_point = cls == CLASS_POINT
+    is_digit = code >= CODE_LENGTH
+    is_point = code == CODE_POINT
     in_number = is_digit | is_point
+    count = torch.where(is_digit, code // CODE_LENGTH, 0)
+    value = torch.where(is_digit, code % CODE_LENGTH, 0)
 
     # Row-major flat positions; a run starts at column 0 or after a non-number position, so
     # runs never cross rows.
@@ -105,23 +119,43 @@ def number_layout(
     has_split = (first_point <= run_end) & ~flat_point[run_start]
     split = torch.where(has_split, first_point, run_end + 1)
 
-    int_place = torch.where(flat_in & (pos < split), split - pos, 0)
-    frac_place = torch.where(flat_in & (pos > split), pos - split, 0)
+    # Places count digits, and a decimal point takes one (docs/DEL.md): through a running count
+    # of places, the slot j digit of position p takes place number ahead[p] + j + 1 of the
+    # row-major sequence, and a number's integer part ends with place number through[split - 1]
+    # (its fractional part starts after through[split], the split point's own place).
+    flat_count = count.reshape(-1)
+    places = flat_count + is_point.reshape(-1).long()
+    through = places.cumsum(0)  # places up to and including each position
+    ahead = (through - places).unsqueeze(-1)  # places before each position
+    slot = torch.arange(slots, device=labels.device)
+    number = ahead + slot + 1  # [b * s, S]
+    held = slot < flat_count.unsqueeze(-1)
+    last = big - 1
+    integer_end = through[(split - 1).clamp(min=0, max=last)].unsqueeze(-1)
+    point_place = through[split.clamp(max=last)].unsqueeze(-1)
+    left = (flat_in & (pos < split)).unsqueeze(-1) & held
+    right = (flat_in & (pos > split)).unsqueeze(-1) & held
+    int_place = torch.where(left, integer_end - number + 1, 0)
+    frac_place = torch.where(right, number - point_place, 0)
 
-    # DIST2: runs of digits alone. A digit run ends where the next position is no digit (a
-    # decimal point included) or the number run ends.
+    # DIST2: runs of number tokens alone. A run ends where the next position holds no number
+    # token (a decimal point included) or the number run ends.
     next_digit = torch.zeros_like(is_digit)
     next_digit[:, :-1] = is_digit[:, 1:]
     digit_ends = (is_digit & ~(next_digit & next_in)).reshape(-1)
-    run_place = torch.where(is_digit.reshape(-1), _next_true(digit_ends, pos, big) - pos + 1, 0)
+    run_digits = through[_next_true(digit_ends, pos, big).clamp(max=last)].unsqueeze(-1)
+    run_place = torch.where(held & is_digit.reshape(-1, 1), run_digits - number + 1, 0)
 
-    digit = torch.where(is_digit, cls, 0)
+    # The slot j digit of an L-digit value: (value // 10^(L - 1 - j)) % 10.
+    power = (flat_count.unsqueeze(-1) - 1 - slot).clamp(min=0)
+    digit = torch.where(held, (value.reshape(-1, 1) // 10**power) % 10, 0)
     return NumberLayout(
-        digit=digit,
+        digit=digit.view(b, s, slots),
         is_digit=is_digit,
-        int_place=int_place.view(b, s),
-        frac_place=frac_place.view(b, s),
-        run_place=run_place.view(b, s),
+        digit_count=count,
+        int_place=int_place.view(b, s, slots),
+        frac_place=frac_place.view(b, s, slots),
+        run_place=run_place.view(b, s, slots),
     )
 
 
@@ -137,17 +171,17 @@ def select_positions(layout: NumberLayout, positions: torch.Tensor) -> NumberLay
 
 
 def del_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """DEL place weights [b, s]: 2k for the k-th integer place, 1.02^-(d+1) for the d-th
-    fractional place, 0 for decimal points and non-digit positions."""
+    """DEL place weights [b, s, S]: 2k for the k-th integer place, 1.02^-(d+1) for the d-th
+    fractional place, 0 for decimal points, non-digit positions and empty slots."""
     integer = 2.0 * layout.int_place.to(dtype)
     # float64 then rounded once, so every weight is the correctly rounded 1.02^-(d+1).
     fraction = torch.pow(FRACTION_DECAY, -(layout.frac_place.double() + 1.0)).to(dtype)
     weights = torch.where(layout.int_place > 0, integer, fraction)
-    return torch.where(layout.is_digit, weights, 0.0)
+    return torch.where(layout.in_slot, weights, 0.0)
 
 
 def dist2_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """DIST2Loss place weights [b, s], as its authors' code gives them: k for the k-th digit
+    """DIST2Loss place weights [b, s, S], as its authors' code gives them: k for the k-th digit
     from the end of its run of digits (a decimal point ends a run, so the fractional digits of
     3.14159 weigh 5 4 3 2 1), 0 for decimal points and non-digit positions."""
     return layout.run_place.to(dtype)
@@ -156,8 +190,10 @@ def dist2_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> t
 def place_weights(
     labels: torch.Tensor, vocab: DigitVocab, ignore_index: int = -100
 ) -> torch.Tensor:
-    """DEL place weights float32 [b, s] for labels int64 [b, s] (docs/DEL.md)."""
-    return del_weights(number_layout(labels, vocab, ignore_index))
+    """DEL place weights float32 [b, s] for labels int64 [b, s] (docs/DEL.md); for a chunking
+    vocab [b, s, 3], one weight per digit of the label (0 past its last digit)."""
+    weights = del_weights(number_layout(labels, vocab, ignore_index))
+    return weights if vocab.chunked else weights.squeeze(-1)
 
 
 __all__ = [

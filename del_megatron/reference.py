@@ -7,7 +7,8 @@ float64, per-token formulas taken straight from docs/DEL.md. Not for training.
 from __future__ import annotations
 
 import math
-from typing import List, Set
+from functools import lru_cache
+from typing import Dict, List, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,11 @@ def _runs(row: List[int], numeric: Set[int], ignore_index: int, join_across_igno
     return runs
 
 
+def _number_texts(vocab: DigitVocab) -> Dict[int, str]:
+    """id -> digits of every number token ('7', '07', '123', ...)."""
+    return {i: text for i, text in vocab.number_tokens()}
+
+
 def reference_place_weights(
     labels: torch.Tensor,
     vocab: DigitVocab,
@@ -40,38 +46,68 @@ def reference_place_weights(
     join_across_ignored: bool = False,
     scheme: str = "del",
 ) -> torch.Tensor:
-    """Place weights float64 [b, s].
+    """Place weights float64 [b, s] (one digit per token), or [b, s, 3] for a chunking vocab
+    (the j-th digit of the token at each position; 0 past its last digit).
 
-    scheme "del" (docs/DEL.md): a number is a run of digits and decimal points; 2k for the k-th
-    integer place, 1.02^-(d+1) for the d-th fractional digit. scheme "dist2" (its authors'
-    code): a run of digits only, k for the k-th digit from the run's end. join_across_ignored
-    reproduces the public DEL code, which lets a number continue across ignored positions.
+    scheme "del" (docs/DEL.md): a number is a run of number tokens and decimal points; 2k for
+    the k-th integer place, 1.02^-(d+1) for the d-th fractional digit, places counted in digits.
+    scheme "dist2" (its authors' code): a run of number tokens only, k for the k-th digit from
+    the run's end. join_across_ignored reproduces the public DEL code, which lets a number
+    continue across ignored positions.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    digits, points = set(vocab.digit_ids), set(vocab.decimal_point_ids)
-    out = torch.zeros(labels.shape, dtype=torch.float64)
+    texts, points = _number_texts(vocab), set(vocab.decimal_point_ids)
+    slots = vocab.max_digits
+    out = torch.zeros((*labels.shape, slots), dtype=torch.float64)
     for r, row in enumerate(labels.tolist()):
-        if scheme == "dist2":
-            for run in _runs(row, digits, ignore_index, join_across_ignored):
-                for i, pos in enumerate(run):
-                    out[r, pos] = float(len(run) - i)
-            continue
-        for run in _runs(row, digits | points, ignore_index, join_across_ignored):
-            tokens = [row[p] for p in run]
-            split = len(run)
-            if tokens[0] not in points:
-                for i, tok in enumerate(tokens):
-                    if tok in points:
-                        split = i
-                        break
-            for i, (pos, tok) in enumerate(zip(run, tokens, strict=True)):
-                if tok in points:
+        numeric = set(texts) if scheme == "dist2" else set(texts) | points
+        for run in _runs(row, numeric, ignore_index, join_across_ignored):
+            # The run's places in order: (position, slot) per digit, (position, None) per point.
+            places = [
+                (pos, j)
+                for pos in run
+                for j in (range(len(texts[row[pos]])) if row[pos] in texts else [None])
+            ]
+            if scheme == "dist2":  # a run of number tokens: no points
+                for i, (pos, j) in enumerate(places):
+                    out[r, pos, j] = float(len(places) - i)
+                continue
+            split = len(places)
+            if row[run[0]] not in points:
+                split = next((i for i, (_, j) in enumerate(places) if j is None), split)
+            for i, (pos, j) in enumerate(places):
+                if j is None:
                     continue
                 if i < split:
-                    out[r, pos] = 2.0 * (split - i)
+                    out[r, pos, j] = 2.0 * (split - i)
                 else:
-                    out[r, pos] = 1.02 ** -(i - split + 1)
+                    out[r, pos, j] = 1.02 ** -(i - split + 1)
+    return out if vocab.chunked else out[..., 0]
+
+
+@lru_cache(maxsize=4096)
+def _candidates(vocab: DigitVocab, j: int, prefix: str) -> Tuple[Tuple[int, ...], ...]:
+    """For each digit k, the ids of the number tokens with at least j digits that begin with
+    prefix (j - 1 digits) followed by k."""
+    return tuple(
+        tuple(
+            i
+            for i, text in vocab.number_tokens()
+            if len(text) >= j and text[: j - 1] == prefix and text[j - 1] == str(k)
+        )
+        for k in range(NUM_DIGITS)
+    )
+
+
+def slot_logits(logits: torch.Tensor, vocab: DigitVocab, label_text: str) -> List[torch.Tensor]:
+    """z^(j) [10] for each digit j of the number token label_text, from one position's logits
+    [V] (docs/DEL.md): z^(j)_k = logsumexp of the logits of every number token with at least j
+    digits that begins with label_text's first j - 1 digits followed by k."""
+    out = []
+    for j in range(1, len(label_text) + 1):
+        groups = _candidates(vocab, j, label_text[: j - 1])
+        out.append(torch.stack([torch.logsumexp(logits[list(ids)], dim=0) for ids in groups]))
     return out
 
 
@@ -119,14 +155,18 @@ def reference_lm_loss(
 ):
     """(ce, term) float64 [b, s] from labels [b, s] and whole-vocab logits [s, b, V].
 
-    Differentiable with respect to full_logits. Total per-token loss = ce + alpha * term.
+    Differentiable with respect to full_logits. Total per-token loss = ce + alpha * term. A
+    position's term is the sum over its label's digits of place weight x the loss's per-digit
+    term on that digit's slot logits (one digit a token: the ten digit logits themselves).
     """
     logits = full_logits.to(torch.float64).transpose(0, 1)  # [b, s, V]
     b, s, _ = logits.shape
     log_probs = torch.log_softmax(logits, dim=-1)
     scheme = "dist2" if loss == "dist2" else "del"
     weights = reference_place_weights(labels, vocab, ignore_index, join_across_ignored, scheme)
-    digit_of = {tok: k for k, tok in enumerate(vocab.digit_ids)}
+    if not vocab.chunked:
+        weights = weights.unsqueeze(-1)
+    texts = _number_texts(vocab)
     ce_rows, term_rows = [], []
     for i in range(b):
         ce_row, term_row = [], []
@@ -134,12 +174,15 @@ def reference_lm_loss(
             label = int(labels[i, j])
             zero = logits[i, j, 0] * 0.0
             ce_row.append(zero if label == ignore_index else -log_probs[i, j, label])
-            if loss == "ce" or label not in digit_of:
+            if loss == "ce" or label not in texts:
                 term_row.append(zero)
                 continue
-            z = logits[i, j, list(vocab.digit_ids)]
-            w = weights[i, j] if loss in ("del", "dist2") else 1.0
-            term_row.append(w * TOKEN_TERMS[loss](z, digit_of[label]))
+            text = texts[label]
+            term = zero
+            for slot, z in enumerate(slot_logits(logits[i, j], vocab, text)):
+                w = weights[i, j, slot] if loss in ("del", "dist2") else 1.0
+                term = term + w * TOKEN_TERMS[loss](z, int(text[slot]))
+            term_row.append(term)
         ce_rows.append(torch.stack(ce_row))
         term_rows.append(torch.stack(term_row))
     return torch.stack(ce_rows), torch.stack(term_rows)

@@ -1,10 +1,11 @@
-"""DigitVocab: which token ids are the ten digits and the decimal point(s)."""
+"""DigitVocab: which token ids are the ten digits, the decimal point(s) and, for a tokenizer that
+cuts numbers into chunks of up to three digits, the 1,100 two- and three-digit number tokens."""
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Iterable, Tuple
+from typing import Iterable, List, Tuple
 
 import torch
 
@@ -15,6 +16,22 @@ NUM_DIGITS = 10
 # Classes of a label in a number lookup table (see DigitVocab.class_table).
 CLASS_OTHER = -1
 CLASS_POINT = NUM_DIGITS  # digits are classes 0..9, their own value
+
+# Most digits a number token holds in a chunking vocabulary, and how many multi-digit tokens it
+# has: "00".."99" then "000".."999" (DigitVocab.multi_digit_ids, in that order).
+MAX_TOKEN_DIGITS = 3
+NUM_MULTI_DIGIT = 100 + 1000
+
+# Codes of a label in DigitVocab.token_codes: a number token of L digits and value v is
+# L * CODE_LENGTH + v; decimal points and other tokens are these.
+CODE_LENGTH = 1000
+CODE_OTHER = -1
+CODE_POINT = -2
+
+
+def multi_digit_text(index: int) -> str:
+    """The text of multi_digit_ids[index]: "00".."99" for 0..99, "000".."999" for 100..1099."""
+    return f"{index:02d}" if index < 100 else f"{index - 100:03d}"
 
 
 def _as_id_tuple(ids: Iterable[int], what: str) -> Tuple[int, ...]:
@@ -34,15 +51,26 @@ class DigitVocab:
     """Token ids of the digits '0'..'9' (in digit order) and of the decimal point(s).
 
     `digit_ids[k]` is the id of the single-digit token for digit k. A tokenizer may have several
-    ids for '.', all of which count as decimal points.
+    ids for '.', all of which count as decimal points. `multi_digit_ids` is empty for a tokenizer
+    that splits numbers one digit per token; for one that cuts them into chunks of up to three
+    digits (Llama-3, o200k, DeepSeek-V3) it holds the ids of all 1,100 two- and three-digit tokens,
+    "00".."99" then "000".."999" (multi_digit_text), and DEL gives every digit of such a token its
+    own term (docs/DEL.md).
     """
 
     digit_ids: Tuple[int, ...]
     decimal_point_ids: Tuple[int, ...] = ()
+    multi_digit_ids: Tuple[int, ...] = ()
 
-    def __init__(self, digit_ids: Iterable[int], decimal_point_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        digit_ids: Iterable[int],
+        decimal_point_ids: Iterable[int] = (),
+        multi_digit_ids: Iterable[int] = (),
+    ) -> None:
         digits = _as_id_tuple(digit_ids, "digit_ids")
         points = _as_id_tuple(decimal_point_ids, "decimal_point_ids")
+        multi = _as_id_tuple(multi_digit_ids, "multi_digit_ids")
         if len(digits) != NUM_DIGITS:
             raise ValueError(
                 f"digit_ids must hold exactly {NUM_DIGITS} ids, one per digit '0'..'9' in order; "
@@ -52,14 +80,27 @@ class DigitVocab:
             raise ValueError(f"digit_ids must be distinct, got {digits}")
         if len(set(points)) != len(points):
             raise ValueError(f"decimal_point_ids must be distinct, got {points}")
-        negative = [i for i in digits + points if i < 0]
+        if multi and len(multi) != NUM_MULTI_DIGIT:
+            raise ValueError(
+                f"multi_digit_ids must hold all {NUM_MULTI_DIGIT} two- and three-digit number "
+                f"tokens ('00'..'99' then '000'..'999', in order) or none; got {len(multi)}"
+            )
+        if len(set(multi)) != len(multi):
+            raise ValueError("multi_digit_ids must be distinct")
+        negative = [i for i in digits + points + multi if i < 0]
         if negative:
-            raise ValueError(f"token ids must be non-negative, got {negative}")
+            raise ValueError(f"token ids must be non-negative, got {negative[:10]}")
         shared = sorted(set(digits) & set(points))
         if shared:
             raise ValueError(f"ids {shared} are listed both as digits and as decimal points")
+        shared = sorted(set(multi) & (set(digits) | set(points)))
+        if shared:
+            raise ValueError(
+                f"ids {shared[:10]} are listed as multi-digit tokens and as digits or points"
+            )
         object.__setattr__(self, "digit_ids", digits)
         object.__setattr__(self, "decimal_point_ids", points)
+        object.__setattr__(self, "multi_digit_ids", multi)
 
     @classmethod
     def from_tokenizer(cls, tok, allow_multi_digit_tokens: bool = False) -> DigitVocab:
@@ -74,18 +115,44 @@ class DigitVocab:
         return digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens)
 
     @property
+    def chunked(self) -> bool:
+        """Whether numbers come in chunks of up to three digits (multi_digit_ids given)."""
+        return bool(self.multi_digit_ids)
+
+    @property
+    def max_digits(self) -> int:
+        """Most digits one number token holds: 3 for a chunking vocab, else 1 (the slots a
+        position's term is summed over)."""
+        return MAX_TOKEN_DIGITS if self.chunked else 1
+
+    def single_digits_only(self) -> DigitVocab:
+        """This vocab without its multi-digit tokens: DEL on the ten single-digit tokens only
+        (a multi-digit token then ends a number and gets no term)."""
+        return DigitVocab(self.digit_ids, self.decimal_point_ids)
+
+    def number_tokens(self) -> List[Tuple[int, str]]:
+        """(id, text) of every number token: the ten digits, then the multi-digit tokens."""
+        texts = [str(k) for k in range(NUM_DIGITS)]
+        texts += [multi_digit_text(i) for i in range(len(self.multi_digit_ids))]
+        return list(zip(self.digit_ids + self.multi_digit_ids, texts, strict=True))
+
+    @property
+    def all_ids(self) -> Tuple[int, ...]:
+        return self.digit_ids + self.decimal_point_ids + self.multi_digit_ids
+
+    @property
     def max_id(self) -> int:
         """Largest token id this vocab names."""
-        return max(self.digit_ids + self.decimal_point_ids)
+        return max(self.all_ids)
 
     def check_vocab_size(self, vocab_size: int) -> None:
-        """Raise if a digit or decimal-point id does not fit a vocabulary of `vocab_size` ids."""
-        outside = [i for i in self.digit_ids + self.decimal_point_ids if i >= vocab_size]
+        """Raise if an id of this vocab does not fit a vocabulary of `vocab_size` ids."""
+        outside = [i for i in self.all_ids if i >= vocab_size]
         if outside:
             raise ValueError(
-                f"DigitVocab ids {outside} lie outside the model's vocabulary of {vocab_size} ids "
-                "(summed over tensor-parallel shards); the DigitVocab was built for another "
-                "tokenizer, or the logits are not the full vocabulary / its shard"
+                f"DigitVocab ids {outside[:10]} lie outside the model's vocabulary of "
+                f"{vocab_size} ids (summed over tensor-parallel shards); the DigitVocab was "
+                "built for another tokenizer, or the logits are not the full vocabulary / its shard"
             )
 
     def class_table(self, device: torch.device | str | None = None) -> torch.Tensor:
@@ -101,4 +168,19 @@ class DigitVocab:
         ]
         for cls, i in classes:
             table.narrow(0, i, 1).fill_(cls)
+        return table
+
+    def token_codes(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """int64 [max_id + 2]: L * CODE_LENGTH + value for a number token of L digits (leading
+        zeros count: "07" is 2007), CODE_POINT for decimal points, CODE_OTHER elsewhere (the last
+        entry serves any id > max_id). Made on `device` once and kept; do not write into it."""
+        return on_device(("token_codes", self), torch.device(device or "cpu"), self._token_codes)
+
+    def _token_codes(self, device: torch.device) -> torch.Tensor:
+        # Scalar fills on the device: no host-to-device copy, so no sync even the first time.
+        table = torch.full((self.max_id + 2,), CODE_OTHER, dtype=torch.long, device=device)
+        for i in self.decimal_point_ids:
+            table.narrow(0, i, 1).fill_(CODE_POINT)
+        for i, text in self.number_tokens():
+            table.narrow(0, i, 1).fill_(len(text) * CODE_LENGTH + int(text))
         return table

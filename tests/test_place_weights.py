@@ -68,7 +68,7 @@ def test_ignored_labels_weigh_zero_and_other_ignore_index():
 
 
 def dist2_weights_of(text: str):
-    return dist2_weights(number_layout(torch.tensor([encode(text)]), VOCAB))[0].tolist()
+    return dist2_weights(number_layout(torch.tensor([encode(text)]), VOCAB))[0, :, 0].tolist()
 
 
 # DIST2 as its authors ran it: only digits form runs; a '.' ends one, and the fractional digits
@@ -101,7 +101,7 @@ def test_dist2_runs_stop_at_packed_document_starts():
     labels = torch.tensor([encode("1234")])
     doc_start = torch.tensor([[True, False, True, False]])
     layout = number_layout(labels, VOCAB, doc_start=doc_start)
-    assert dist2_weights(layout)[0].tolist() == [2, 1, 2, 1]
+    assert dist2_weights(layout)[0, :, 0].tolist() == [2, 1, 2, 1]
 
 
 def test_compat_switch_joins_numbers_across_ignored_positions():
@@ -132,6 +132,6 @@ def test_property_matches_reference(rows):
     torch.testing.assert_close(ours, reference_place_weights(labels, VOCAB), rtol=1e-7, atol=0)
     layout = number_layout(labels, VOCAB)
     ref_dist2 = reference_place_weights(labels, VOCAB, scheme="dist2")
-    torch.testing.assert_close(dist2_weights(layout).double(), ref_dist2, rtol=0, atol=0)
+    torch.testing.assert_close(dist2_weights(layout)[..., 0].double(), ref_dist2, rtol=0, atol=0)
     public_code = reference_place_weights(labels, VOCAB, scheme="dist2", join_across_ignored=True)
     assert torch.equal(public_code, ref_dist2) or bool((labels == IGNORE).any())

@@ -2,8 +2,9 @@
 
 Every kernel computes, from a [N, V/tp] logits shard (rank r holds ids [r * V/tp, (r+1) * V/tp);
 the linear kernel multiplies the shard out of hidden [N, h] and weight [V/tp, h] chunk by chunk),
-ce [N] and the raw digit logits [N, 10], with the same two collectives (common.py): one MAX
-all-reduce (with the shard-size check) and one SUM all-reduce of [N, 12]. Backward needs none
+ce [N] and the raw digit logits [N, W] (W = 10, or the 1,110 number tokens of a chunking vocab),
+with the same two collectives (common.py): one MAX all-reduce (with the shard-size check) and one
+SUM all-reduce of [N, 2 + W]. Backward needs none
 (the linear kernel adds Megatron's SUM of grad_hidden). Each kernel is one autograd Function,
 called as Kernel.apply(*inputs, target, plan); digit_cross_entropy below picks and calls one.
 
@@ -111,7 +112,7 @@ def digit_cross_entropy(
     ce_weights: Optional[torch.Tensor] = None,
     weight_gradient: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-token CE [N] and digit logits [N, 10] for targets [N] (int64).
+    """Per-token CE [N] and digit logits [N, W] for targets [N] (int64).
 
     inputs: (logits [N, V/tp],), or (hidden [N, h], weight [V/tp, h]) for the linear kernel,
     which multiplies the logits out chunk by chunk and never holds them whole.

@@ -1,9 +1,10 @@
 """What every kernel shares: where this rank's vocab shard sits, the per-row target facts, the
-digit columns, the compute dtype, the chunk size, and the two collectives.
+number-token columns, the compute dtype, the chunk size, and the two collectives.
 
 The collectives are the whole communication of the primitive (docs/DEL.md, "tensor parallelism"):
 one MAX all-reduce of the row maxima that also carries +-local_size for the shard-size check,
-and one SUM all-reduce of an [N, 12] buffer (sum of exp | target logit | ten digit logits).
+and one SUM all-reduce of an [N, 2 + W] buffer (sum of exp | target logit | the raw logits of
+the W number tokens: the ten digits, or all 1,110 of a chunking vocab).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from ..vocab import NUM_DIGITS, DigitVocab
 # TP group of parallel_state": port a call site by passing the group explicitly.
 ProcessGroup = Optional["dist.ProcessGroup"]
 
-# Width of the packed SUM buffer: sum of exp, target logit, then the ten digit logits.
-PACKED_WIDTH = 2 + NUM_DIGITS
-SUM_EXP, TARGET_LOGIT, DIGITS = 0, 1, slice(2, PACKED_WIDTH)
+# Columns of the packed SUM buffer: sum of exp, target logit, then the number tokens' logits.
+SUM_EXP, TARGET_LOGIT, DIGITS = 0, 1, slice(2, None)
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,16 @@ class VocabShard:
 
 @dataclass(frozen=True)
 class DigitColumns:
-    """The digits whose ids fall in this shard: their values k (0..9) and local columns, as
-    Python tuples; index() gives them as int64 tensors on a device, made once per device
-    (indexing with a Python list copies it from the host every time: a sync on CUDA)."""
+    """The number tokens whose ids fall in this shard: their places k in the vocab's
+    number_tokens() order (the digit 0..9 itself, one digit a token; 0..1109 for a chunking
+    vocab) and their local columns, as Python tuples; `width` is how many number tokens the
+    vocab has in all (10 or 1,110). index() gives them as int64 tensors on a device, made once
+    per device (indexing with a Python list copies it from the host every time: a sync on
+    CUDA). "Digit logits" below are the raw logits of these tokens, [N, width]."""
 
     digits: Tuple[int, ...]
     columns: Tuple[int, ...]
+    width: int = NUM_DIGITS
 
     @classmethod
     def of(cls, vocab: DigitVocab, shard: VocabShard) -> DigitColumns:
@@ -86,17 +90,17 @@ class DigitColumns:
         return logits.index_select(-1, self.index(logits.device)[1])
 
     def write_into(self, packed_digits: torch.Tensor, logits: torch.Tensor) -> None:
-        """packed_digits [N, 10] (zeros) gets this shard's digit logits at their digits."""
+        """packed_digits [N, width] (zeros) gets this shard's digit logits at their digits."""
         if self.columns:
             digits, _ = self.index(logits.device)
             packed_digits.index_copy_(-1, digits, self.read(logits).to(packed_digits.dtype))
 
     def of_digits(self, per_digit: torch.Tensor) -> torch.Tensor:
-        """[N, k] this shard's digits' entries of per_digit [N, 10]."""
+        """[N, k] this shard's digits' entries of per_digit [N, width]."""
         return per_digit.index_select(-1, self.index(per_digit.device)[0])
 
     def add_gradient_(self, grad: torch.Tensor, grad_digits: torch.Tensor) -> None:
-        """grad [N, V/tp] += grad_digits [N, 10] at this shard's digit columns."""
+        """grad [N, V/tp] += grad_digits [N, width] at this shard's digit columns."""
         if self.columns:
             _, columns = self.index(grad.device)
             grad.index_add_(-1, columns, self.of_digits(grad_digits).to(grad.dtype))
@@ -112,15 +116,16 @@ class DigitColumns:
 
 @lru_cache(maxsize=256)
 def _digit_columns(vocab: DigitVocab, start: int, end: int) -> DigitColumns:
-    pairs = [(k, i - start) for k, i in enumerate(vocab.digit_ids) if start <= i < end]
-    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+    ids = [i for i, _ in vocab.number_tokens()]
+    pairs = [(k, i - start) for k, i in enumerate(ids) if start <= i < end]
+    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs), len(ids))
 
 
 @lru_cache(maxsize=1024)
 def _within(digits: DigitColumns, start: int, end: int) -> DigitColumns:
     both = zip(digits.digits, digits.columns, strict=True)
     pairs = [(k, c - start) for k, c in both if start <= c < end]
-    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs))
+    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs), digits.width)
 
 
 class TargetRows(NamedTuple):
@@ -243,9 +248,10 @@ def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -
     return maxima[:n]
 
 
-def new_packed(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[N, 12] zeros: sum of exp | target logit | ten digit logits, for sum_packed."""
-    return torch.zeros(n, PACKED_WIDTH, dtype=dtype, device=device)
+def new_packed(n: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[N, 2 + width] zeros: sum of exp | target logit | the width number tokens' logits, for
+    sum_packed."""
+    return torch.zeros(n, 2 + width, dtype=dtype, device=device)
 
 
 def sum_packed(packed: torch.Tensor, shard: VocabShard) -> None:

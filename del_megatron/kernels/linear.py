@@ -42,7 +42,6 @@ import torch
 import torch.distributed as dist
 
 from ..device import check_on_device
-from ..vocab import NUM_DIGITS
 from . import recompute
 from .common import KernelPlan, TargetRows, compute_dtype, rows_per_chunk
 
@@ -181,7 +180,7 @@ def _tile_logits(hidden: torch.Tensor, weight_tile: torch.Tensor) -> torch.Tenso
 
 
 class LinearDigitCrossEntropy(torch.autograd.Function):
-    """(hidden [N, h], weight [V/tp, h], target [N], plan) -> (ce [N], digit_logits [N, 10]).
+    """(hidden [N, h], weight [V/tp, h], target [N], plan) -> (ce [N], digit_logits [N, W]).
 
     Keeps nothing [N, V/tp]; plan.inplace must be False (there are no logits to overwrite).
     plan.weight_gradient ("forward" or "backward") is the route of the weight gradient (module
@@ -195,7 +194,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
     (softmax - onehot) * w and multiplies it into grad_hidden [N, h] and an fp32 grad_weight
     accumulator [V/tp, h] (3 matmuls in all). The upstream gradient of ce must be c * w for one
     scalar c (Megatron's loss_func: sum(loss * loss_mask) times a scale; checked on the device,
-    no host sync): backward scales them by c and adds the digit logits' gradient ([N, 10],
+    no host sync): backward scales them by c and adds the digit logits' gradient ([N, W],
     through ten columns). A second backward takes the recompute route.
     """
 
@@ -206,7 +205,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         dtype, device, n = compute_dtype(hidden), hidden.device, hidden.size(0)
         rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
         ce = torch.empty(n, dtype=dtype, device=device)
-        digit_logits = torch.empty(n, NUM_DIGITS, dtype=dtype, device=device)
+        digit_logits = torch.empty(n, plan.digits.width, dtype=dtype, device=device)
         # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
@@ -285,7 +284,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
 class _BackwardInputs(NamedTuple):
     """What backward forms the gradient of a block of logits from: the row maxima (shift) [N],
     the log-sum-exp of the logits minus them [N], the target rows, the plan, and the target
-    probability [N] and digit logits [N, 10] as forward formed them (recompute.gradient_into's
+    probability [N] and digit logits [N, W] as forward formed them (recompute.gradient_into's
     forward_values)."""
 
     shift: torch.Tensor
@@ -528,7 +527,7 @@ class _EarlyGradients(NamedTuple):
         plan: KernelPlan,
         exact: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, 10];
+        """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, W];
         scales the accumulator in place (it is spent). exact: the digit columns' product is
         formed in the accumulator's dtype too."""
         grad_weight = self.grad_weight.mul_(scale)

@@ -226,7 +226,7 @@ def statistics(
     check_sizes: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward over logits [n, V/tp], `step` rows converted at a time, with the MAX and SUM
-    all-reduces: ce [n] (0 on ignored rows), digit logits [n, 10], the row maxima (shift) [n]
+    all-reduces: ce [n] (0 on ignored rows), digit logits [n, W], the row maxima (shift) [n]
     and the log-sum-exp of the logits minus them [n], all in the compute dtype."""
     dtype, device, n = compute_dtype(logits), logits.device, logits.size(0)
     maxima = new_maxima(n, dtype, device)
@@ -237,7 +237,7 @@ def statistics(
     local_max = local_max.clone()
     shift = global_row_max(maxima, plan.shard, check_sizes)
 
-    packed = new_packed(n, dtype, device)
+    packed = new_packed(n, plan.digits.width, dtype, device)
     torch.mul(local_sum, torch.exp(local_max - shift), out=packed[:, SUM_EXP])
     packed[:, TARGET_LOGIT] = target_logit(logits, rows, dtype)
     plan.digits.write_into(packed[:, DIGITS], logits)
@@ -262,10 +262,10 @@ def gradient_into(
     forward_values: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
     """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
-    upstream gradients of ce [n] and of the digit logits [n, 10] (None: zero). Written into
+    upstream gradients of ce [n] and of the digit logits [n, W] (None: zero). Written into
     `grad` (which may be `logits` itself); grad None: a new buffer. Returns it.
 
-    forward_values (target probability exp(-ce) [n], digit logits [n, 10]), as forward formed
+    forward_values (target probability exp(-ce) [n], digit logits [n, W]), as forward formed
     them: the target and digit columns take their gradient from these, not from `logits`, when
     `logits` were multiplied out again by another matmul (a vocab tile's may differ from
     forward's in the last bits, and a saturated target's gradient p - 1 is all rounding)."""
@@ -346,7 +346,7 @@ def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.
 
 
 class RecomputeDigitCrossEntropy(torch.autograd.Function):
-    """(logits [N, V/tp], target [N], plan) -> (ce [N], digit_logits [N, 10]), as the softmax
+    """(logits [N, V/tp], target [N], plan) -> (ce [N], digit_logits [N, W]), as the softmax
     kernel, eager passes over plan.chunk_tokens rows at a time. Saves the logits; the caller must
     not change them before backward (autograd checks). With plan.inplace, backward writes the
     gradient over them, chunk by chunk."""

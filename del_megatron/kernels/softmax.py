@@ -37,11 +37,11 @@ def softmax_cross_entropy_(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Overwrites `work` [N, V/tp] (fp32/fp64 logits) with the softmax over the full vocab.
 
-    Returns ce [N] (0 on ignored rows), the raw digit logits [N, 10], the row maxima [N] and
+    Returns ce [N] (0 on ignored rows), the raw digit logits [N, W], the row maxima [N] and
     the log-sum-exp of the logits minus those maxima [N].
     """
     n, dtype = work.size(0), work.dtype
-    packed = new_packed(n, dtype, work.device)
+    packed = new_packed(n, digits.width, dtype, work.device)
     digits.write_into(packed[:, DIGITS], work)
 
     maxima = new_maxima(n, dtype, work.device)
@@ -69,7 +69,7 @@ def softmax_gradient_(
     grad_digits: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """Turns the softmax `grad` [N, V/tp] in place into d(loss)/d(logits) given the upstream
-    gradients of ce [N] and of the digit logits [N, 10] (None: zero)."""
+    gradients of ce [N] and of the digit logits [N, W] (None: zero)."""
     if grad_ce is None:
         grad.zero_()
     else:
@@ -82,7 +82,7 @@ def softmax_gradient_(
 
 
 class SoftmaxDigitCrossEntropy(torch.autograd.Function):
-    """(logits [N, V/tp], target [N], plan) -> (ce [N], digit_logits [N, 10]).
+    """(logits [N, V/tp], target [N], plan) -> (ce [N], digit_logits [N, W]).
 
     Keeps an fp32 softmax [N, V/tp] for backward (fp64 for fp64 logits). Unless plan.inplace,
     fp32/fp64 logits are copied once; bf16/fp16 logits always are (the copy becomes the saved

@@ -1,0 +1,167 @@
+"""Bodies of the chunking-vocabulary tests on gloo groups (tests/test_chunked_digits.py): every
+loss, kernel and dtype, materialised and logits-free (both weight-gradient routes), against the
+fp64 oracle of docs/DEL.md at any tensor-parallel size. Each check takes (seed, kernel)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import del_megatron as dm
+from del_megatron.loss import LOSSES
+from del_megatron.reference import reference_lm_loss
+
+# 1,200 ids (divisible by 1, 2, 4): the 1,110 number tokens, two decimal points and 88 others,
+# at shuffled ids, so that every shard holds some of every kind.
+VOCAB_SIZE = 1200
+IGNORE = -100
+_ORDER = torch.randperm(VOCAB_SIZE, generator=torch.Generator().manual_seed(5)).tolist()
+VOCAB = dm.DigitVocab(_ORDER[:10], _ORDER[1110:1112], _ORDER[10:1110])
+_OTHERS = _ORDER[1112:]
+ALPHA = 0.7
+
+
+def labels_for(batch: int, seq: int, seed: int) -> torch.Tensor:
+    """int64 [batch, seq]: numbers of one to three tokens of every length, decimal points, other
+    tokens and ignored positions."""
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.rand(batch, seq, generator=gen)
+    numbers = torch.tensor(_ORDER[:1110])[torch.randint(0, 1110, (batch, seq), generator=gen)]
+    singles = torch.tensor(_ORDER[:10])[torch.randint(0, 10, (batch, seq), generator=gen)]
+    points = torch.tensor(_ORDER[1110:1112])[torch.randint(0, 2, (batch, seq), generator=gen)]
+    others = torch.tensor(_OTHERS)[torch.randint(0, len(_OTHERS), (batch, seq), generator=gen)]
+    labels = torch.where(pick < 0.45, numbers, others)
+    labels = torch.where((pick >= 0.45) & (pick < 0.6), singles, labels)
+    labels = torch.where((pick >= 0.6) & (pick < 0.7), points, labels)
+    return torch.where(pick > 0.94, torch.full_like(labels, IGNORE), labels)
+
+
+def inputs(seed: int, seq: int = 13, batch: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(seq, batch, VOCAB_SIZE, generator=gen, dtype=torch.float64)
+    upstream = torch.rand(batch, seq, generator=gen, dtype=torch.float64) + 0.5
+    return labels_for(batch, seq, seed), logits, upstream
+
+
+def reference(labels, logits, loss, upstream):
+    """Oracle per-token loss [b, s] and its gradient with respect to the whole-vocab logits."""
+    leaf = logits.detach().to(torch.float64).requires_grad_(True)
+    ce, term = reference_lm_loss(labels, leaf, VOCAB, loss=loss, alpha=ALPHA, ignore_index=IGNORE)
+    total = ce + ALPHA * term
+    (grad,) = torch.autograd.grad((total * upstream).sum(), leaf)
+    return ce.detach(), term.detach(), total.detach(), grad
+
+
+def _group():
+    return dist.group.WORLD if dist.get_world_size() > 1 else None
+
+
+def _shard(full: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return full.chunk(dist.get_world_size(), dim=dim)[dist.get_rank()]
+
+
+def _config(loss: str, reduction: str = "token") -> dm.NumericalLossConfig:
+    return dm.NumericalLossConfig(
+        loss=loss, alpha=ALPHA, vocab=VOCAB, reduction=reduction, ignore_index=IGNORE
+    )
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = expected.abs().max().double().clamp(min=1e-30)
+    return ((actual.double() - expected.double()).abs().max() / scale).item()
+
+
+def check_materialised(seed: int, kernel: str) -> dict:
+    """Every loss, fp32 and bf16 logits: values and gradients of this rank's shard equal the
+    oracle's (bf16: of the rounded logits, the gradient to bf16 rounding). Returns the largest
+    relative errors seen."""
+    labels, logits, upstream = inputs(seed)
+    worst = {}
+    for dtype, value_tol, grad_tol in ((torch.float32, 2e-6, 1e-5), (torch.bfloat16, 2e-6, 8e-3)):
+        rounded = logits.to(dtype)
+        for loss in LOSSES:
+            ref_ce, ref_term, ref_total, ref_grad = reference(labels, rounded, loss, upstream)
+            shard = _shard(rounded).detach().clone().requires_grad_(True)
+            how = dict(tp_group=_group(), kernel=kernel)
+            parts = dm.loss_parts(labels, shard, _config(loss), **how)
+            total = dm.numerical_lm_loss(labels, shard, _config(loss), **how)
+            (total * upstream.to(total.dtype)).sum().backward()
+            errors = {
+                "ce": _relative(parts.ce, ref_ce),
+                "term": _relative(parts.term, ref_term),
+                "total": _relative(total, ref_total),
+                "grad": _relative(shard.grad, _shard(ref_grad)),
+            }
+            for what, error in errors.items():
+                tol = grad_tol if what == "grad" else value_tol
+                assert error <= tol, (loss, dtype, what, error)
+                key = f"{dtype}".removeprefix("torch.") + " " + what
+                worst[key] = max(worst.get(key, 0.0), error)
+            assert parts.digit_logits.shape == (*labels.shape, 3, 10)
+    return worst
+
+
+def check_digit_reduction_counts_digits(seed: int, kernel: str) -> None:
+    """The "digit" reduction divides the summed term by the digits (not tokens) of the whole
+    batch: the mean over loss tokens is mean CE + alpha * sum(term) / n_digits."""
+    labels, logits, upstream = inputs(seed)
+    ref_ce, ref_term, _, _ = reference(labels, logits, "del", upstream)
+    shard = _shard(logits).float()
+    loss = dm.numerical_lm_loss(labels, shard, _config("del", "digit"), tp_group=_group())
+    parts = dm.loss_parts(labels, shard, _config("del"), tp_group=_group())
+    valid = labels != IGNORE
+    n_digits = parts.digit_count.sum()
+    assert n_digits > parts.is_digit.sum()  # some labels hold two or three digits
+    expected = ref_ce[valid].mean() + ALPHA * ref_term.sum() / n_digits.double()
+    torch.testing.assert_close(loss[valid].double().mean(), expected, rtol=2e-6, atol=0)
+
+
+def check_logits_free(seed: int, route: str) -> dict:
+    """numerical_linear_loss on this rank's weight shard, fp32 and bf16, with and without a loss
+    mask, against the oracle on hidden @ weight.T: values and the gradients of hidden and of
+    the whole weight."""
+    gen = torch.Generator().manual_seed(seed)
+    seq, batch, hidden_size = 11, 2, 8
+    labels = labels_for(batch, seq, seed)
+    hidden = torch.randn(seq, batch, hidden_size, generator=gen, dtype=torch.float64)
+    weight = torch.randn(VOCAB_SIZE, hidden_size, generator=gen, dtype=torch.float64)
+    upstream = (labels != IGNORE).double()  # Megatron's loss mask: proportional, as required
+    worst = {}
+    for dtype, value_tol, grad_tol in ((torch.float32, 2e-6, 2e-5), (torch.bfloat16, 1e-5, 3e-2)):
+        h, w = hidden.to(dtype), weight.to(dtype)
+        for loss in ("del", "ntl_was", "dist2"):
+            # The oracle on the logits as the output layer forms them (in the input dtype),
+            # its gradients taken to hidden and weight in fp64.
+            leaf = torch.matmul(h, w.t()).double().requires_grad_(True)
+            ce, term = reference_lm_loss(labels, leaf, VOCAB, loss=loss, ignore_index=IGNORE)
+            ref_total = ce + ALPHA * term
+            (grad,) = torch.autograd.grad((ref_total * upstream).sum(), leaf)
+            ref_gh = torch.matmul(grad, w.double())
+            ref_gw = torch.einsum("sbv,sbh->vh", grad, h.double())
+            for loss_mask in (None, upstream.float()):
+                ours_h = h.clone().requires_grad_(True)
+                ours_w = _shard(w, 0).clone().requires_grad_(True)
+                total = dm.numerical_linear_loss(
+                    ours_h,
+                    ours_w,
+                    labels,
+                    _config(loss),
+                    tp_group=_group(),
+                    loss_mask=loss_mask,
+                    weight_gradient=route,
+                    chunk_tokens=5,
+                )
+                (total * upstream.to(total.dtype)).sum().backward()
+                pieces = [torch.empty_like(ours_w.grad) for _ in range(dist.get_world_size())]
+                dist.all_gather(pieces, ours_w.grad)
+                errors = {
+                    "total": _relative(total, ref_total.detach()),
+                    "grad hidden": _relative(ours_h.grad, ref_gh),
+                    "grad weight": _relative(torch.cat(pieces), ref_gw),
+                }
+                for what, error in errors.items():
+                    tol = value_tol if what == "total" else grad_tol
+                    assert error <= tol, (loss, dtype, loss_mask is None, what, error)
+                    key = f"{dtype}".removeprefix("torch.") + " " + what
+                    worst[key] = max(worst.get(key, 0.0), error)
+    return worst

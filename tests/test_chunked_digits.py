@@ -1,0 +1,191 @@
+"""DEL for tokenizers that cut numbers into chunks of up to three digits (docs/DEL.md, "Tokenizers
+that put up to three digits in a token"): the vocab, the place weights of every digit against
+the fp64 oracle, the oracle against the worked values, and the oracle against the one-digit
+definition, bit for bit."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import del_megatron as dm
+from del_megatron.numbers import del_weights, dist2_weights, number_layout
+from del_megatron.reference import (
+    reference_del_token,
+    reference_lm_loss,
+    reference_place_weights,
+    slot_logits,
+)
+from del_megatron.vocab import multi_digit_text
+
+from . import chunked_workers
+
+# A chunking toy vocabulary: '0'..'9' are ids 0..9, '00'..'99' then '000'..'999' ids 10..1109,
+# '.' 1110 (and ',' 1111, a second point id), space 1112, end of document 1113.
+CHUNKED = dm.DigitVocab(range(10), [1110, 1111], range(10, 1110))
+POINT, COMMA, SPACE, EOD, IGNORE = 1110, 1111, 1112, 1113, -100
+VOCAB_SIZE = 1114
+ID_OF = {text: i for i, text in CHUNKED.number_tokens()}
+
+
+def chunks(text: str):
+    """Token ids of `text` cut as a \\p{N}{1,3} pre-tokenizer cuts it: digits left to right in
+    chunks of up to three."""
+    out, digits = [], ""
+    other = {".": POINT, ",": COMMA, " ": SPACE, "|": EOD, "_": IGNORE}
+    for c in text + " ":
+        if c.isdigit():
+            digits += c
+            continue
+        out += [ID_OF[digits[i : i + 3]] for i in range(0, len(digits), 3)]
+        digits = ""
+        out.append(other[c])
+    return out[:-1]
+
+
+def test_vocab_lists_all_number_tokens_in_order():
+    assert CHUNKED.chunked and CHUNKED.max_digits == 3
+    texts = [t for _, t in CHUNKED.number_tokens()]
+    assert texts[:12] == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "00", "01"]
+    assert texts[109] == "99" and texts[110] == "000" and texts[-1] == "999"
+    assert len(set(texts)) == 1110
+    assert multi_digit_text(7) == "07" and multi_digit_text(107) == "007"
+    single = CHUNKED.single_digits_only()
+    assert not single.chunked and single.digit_ids == CHUNKED.digit_ids
+    assert single.decimal_point_ids == CHUNKED.decimal_point_ids
+
+
+def test_vocab_refuses_an_incomplete_or_overlapping_set():
+    with pytest.raises(ValueError, match="all 1100 two- and three-digit"):
+        dm.DigitVocab(range(10), [], range(10, 110))  # two-digit tokens only
+    with pytest.raises(ValueError, match="distinct"):
+        dm.DigitVocab(range(10), [], [10] * 1100)
+    with pytest.raises(ValueError, match="multi-digit tokens and as digits"):
+        dm.DigitVocab(range(10), [1110], range(9, 1109))
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        # 12345 = 123 45: the 1 weighs 10, the 5 weighs 2 (the issue's example)
+        ("12345", [[10, 8, 6], [4, 2, 0]]),
+        ("7", [[2, 0, 0]]),
+        ("0042", [[8, 6, 4], [2, 0, 0]]),
+        # 3.14159 = 3 . 141 59: the same weights as one digit a token
+        (
+            "3.14159",
+            [[2, 0, 0], [0, 0, 0]] + [[1.02**-2, 1.02**-3, 1.02**-4]] + [[1.02**-5, 1.02**-6, 0]],
+        ),  # fmt: skip
+        # a second point still takes a place, as with one digit a token
+        ("1.2.3", [[2, 0, 0], [0, 0, 0], [1.02**-2, 0, 0], [0, 0, 0], [1.02**-4, 0, 0]]),
+        ("1234|5", [[8, 6, 4], [2, 0, 0], [0, 0, 0], [2, 0, 0]]),  # a document end ends it
+    ],
+)
+def test_place_weights_of_chunked_numbers(text, expected):
+    labels = torch.tensor([chunks(text)])
+    fast = dm.place_weights(labels, CHUNKED)
+    assert fast.shape == (1, labels.size(1), 3)
+    torch.testing.assert_close(fast[0].double(), torch.tensor(expected, dtype=torch.float64))
+    oracle = reference_place_weights(labels, CHUNKED)
+    torch.testing.assert_close(oracle[0], torch.tensor(expected, dtype=torch.float64))
+
+
+def test_layout_counts_digits_not_tokens():
+    labels = torch.tensor([chunks("12345 6.75")])
+    layout = number_layout(labels, CHUNKED)
+    assert layout.digit_count.tolist() == [[3, 2, 0, 1, 0, 2]]
+    assert layout.digit[0, 0].tolist() == [1, 2, 3] and layout.digit[0, 1].tolist() == [4, 5, 0]
+    assert layout.is_digit.tolist() == [[True, True, False, True, False, True]]
+    # DIST2 counts digits too: its runs are runs of number tokens (a point ends one)
+    assert dist2_weights(layout)[0].tolist() == [
+        [5, 4, 3], [2, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0], [2, 1, 0]
+    ]  # fmt: skip
+
+
+_pieces = st.sampled_from(["1", "22", "305", "007", "4", "0", ".", ",", " ", "|", "_", "99"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_pieces, min_size=1, max_size=14), min_size=1, max_size=3))
+def test_property_place_weights_match_the_oracle(rows):
+    encoded = [[t for piece in row for t in chunks(piece)] for row in rows]
+    width = max(len(r) for r in encoded)
+    labels = torch.tensor([r + [SPACE] * (width - len(r)) for r in encoded])
+    layout = number_layout(labels, CHUNKED)
+    torch.testing.assert_close(
+        del_weights(layout).double(), reference_place_weights(labels, CHUNKED), rtol=1e-7, atol=0
+    )
+    torch.testing.assert_close(
+        dist2_weights(layout).double(),
+        reference_place_weights(labels, CHUNKED, scheme="dist2"),
+        rtol=0,
+        atol=0,
+    )
+
+
+def _whole_number_12(logit_of_12: float) -> float:
+    labels = torch.tensor([[ID_OF["12"]]])
+    logits = torch.zeros(1, 1, VOCAB_SIZE, dtype=torch.float64)
+    logits[0, 0, ID_OF["12"]] = logit_of_12
+    _, term = reference_lm_loss(labels, logits, CHUNKED)
+    return float(term)
+
+
+def test_oracle_gives_the_worked_values():
+    # docs/DEL.md: all logits 0, label the whole number '12' (one token)
+    logits = torch.zeros(VOCAB_SIZE, dtype=torch.float64)
+    z1, z2 = slot_logits(logits, CHUNKED, "12")
+    torch.testing.assert_close(z1, torch.full((10,), math.log(111), dtype=torch.float64))
+    torch.testing.assert_close(z2, torch.full((10,), math.log(11), dtype=torch.float64))
+    assert float(reference_del_token(z1, 1)) == pytest.approx(0.4247546, abs=5e-8)
+    assert float(reference_del_token(z2, 2)) == pytest.approx(0.2245117, abs=5e-8)
+    assert _whole_number_12(0.0) == pytest.approx(2.1480418, abs=5e-8)
+    assert _whole_number_12(3.0) == pytest.approx(2.0529749, abs=5e-8)
+
+
+def test_oracle_on_one_digit_tokens_is_the_one_digit_definition_bit_for_bit():
+    vocab = dm.DigitVocab(range(20, 30), [7])
+    labels = torch.tensor([[21, 22, 7, 25, 3, 29]])
+    logits = torch.randn(6, 1, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    _, term = reference_lm_loss(labels, logits, vocab)
+    weights = reference_place_weights(labels, vocab)
+    for pos, label in enumerate(labels[0].tolist()):
+        expected = torch.zeros((), dtype=torch.float64)
+        if 20 <= label < 30:
+            z = logits[pos, 0, 20:30]
+            expected = weights[0, pos] * reference_del_token(z, label - 20)
+        assert torch.equal(term[0, pos], expected), pos
+
+
+MATERIALISED = [(1, "softmax"), (1, "compiled"), (2, "recompute"), (2, "compiled")]
+MATERIALISED += [(4, "softmax"), (4, "recompute")]
+
+
+@pytest.mark.parametrize("tp, kernel", MATERIALISED, ids=[f"tp{t}-{k}" for t, k in MATERIALISED])
+def test_kernels_match_the_oracle(gloo, tp, kernel):
+    gloo(tp).run(chunked_workers.check_materialised, 40 + tp, kernel)
+
+
+def test_digit_reduction_counts_digits(gloo):
+    gloo(2).run(chunked_workers.check_digit_reduction_counts_digits, 7, "recompute")
+
+
+LOGITS_FREE = [(1, "forward"), (2, "forward"), (2, "backward"), (4, "backward")]
+
+
+@pytest.mark.parametrize("tp, route", LOGITS_FREE, ids=[f"tp{t}-{r}" for t, r in LOGITS_FREE])
+def test_logits_free_matches_the_oracle(gloo, tp, route):
+    gloo(tp).run(chunked_workers.check_logits_free, 60 + tp, route)
+
+
+def test_worked_values_through_the_package():
+    labels = torch.tensor([[ID_OF["12"]]])
+    for hot, expected in ((0.0, 2.1480418), (3.0, 2.0529749)):
+        logits = torch.zeros(1, 1, VOCAB_SIZE)
+        logits[0, 0, ID_OF["12"]] = hot
+        cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED)
+        parts = dm.loss_parts(labels, logits, cfg)
+        assert float(parts.term) == pytest.approx(expected, abs=2e-7)
+        assert parts.digit_count.tolist() == [[2]] and int(parts.n_digits) == 2
