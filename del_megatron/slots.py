@@ -10,11 +10,11 @@ gradient); the index tables are made once per device, and nothing is read on the
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 
-from .device import int_tensor, on_device
+from .device import on_device
 from .vocab import NUM_DIGITS
 
 # Places of the number tokens in DigitVocab.number_tokens() order: digit d at d, two-digit
@@ -22,27 +22,24 @@ from .vocab import NUM_DIGITS
 TWO, THREE = NUM_DIGITS, NUM_DIGITS + 100
 
 
-def _tables() -> Tuple[List[int], List[int], List[int]]:
-    """Flattened candidate tables: slot 1 [10 digits, 111], slot 2 [10 prefixes, 10, 11],
-    slot 3 [100 prefixes, 10] (places in number_tokens() order)."""
-    first = []
-    for k in range(NUM_DIGITS):
-        first += [k] + [TWO + 10 * k + x for x in range(10)]
-        first += [THREE + 100 * k + y for y in range(100)]
-    second = []
-    for p in range(NUM_DIGITS):
-        for k in range(NUM_DIGITS):
-            second += [TWO + 10 * p + k] + [THREE + 100 * p + 10 * k + x for x in range(10)]
-    third = [THREE + 10 * q + k for q in range(100) for k in range(NUM_DIGITS)]
+def _tables(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidate tables (places in number_tokens() order), made by arithmetic on the device:
+    slot 1 [10 digits * 111], slot 2 [10 prefixes, 10 * 11], slot 3 [100 prefixes, 10]."""
+    k = torch.arange(NUM_DIGITS, device=device).view(-1, 1)
+    ten, hundred = torch.arange(10, device=device), torch.arange(100, device=device)
+    first = torch.cat([k, TWO + 10 * k + ten, THREE + 100 * k + hundred], dim=-1).reshape(-1)
+    p = k.view(-1, 1, 1)
+    inner = k.view(1, -1, 1)
+    second = torch.cat(
+        [(TWO + 10 * p + inner).expand(-1, -1, 1), THREE + 100 * p + 10 * inner + ten], dim=-1
+    ).reshape(NUM_DIGITS, -1)
+    third = THREE + 10 * torch.arange(100, device=device).view(-1, 1) + ten
     return first, second, third
 
 
 def _on(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    first, second, third = _tables()
-    return (
-        on_device(("slot_table", 1), device, int_tensor(tuple(first))),
-        on_device(("slot_table", 2), device, int_tensor(tuple(second))).view(10, 110),
-        on_device(("slot_table", 3), device, int_tensor(tuple(third))).view(100, 10),
+    return tuple(
+        on_device(("slot_table", j), device, lambda d, j=j: _tables(d)[j]) for j in range(3)
     )
 
 

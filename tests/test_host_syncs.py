@@ -200,3 +200,34 @@ def test_hook_step_glue(gloo, tmp_path_factory, reduction, logits_free):
     result = _hook_result(gloo, tmp_path_factory, reduction, logits_free)
     allowed = 1 if reduction == "digit" else 0
     assert len(result["others"]) <= allowed, "\n".join(result["others"])
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "recompute", "compiled", "linear"])
+def test_chunking_vocab_on_fake_tensors(kernel):
+    """A chunking vocab's slot logits (1,110 number tokens): forward + backward of DEL (both
+    reductions) and DIST2 (the other heads take the same slot logits), bf16, materialised and
+    logits-free (loss mask given), on fake tensors, with no sync."""
+    from .chunked_workers import VOCAB, VOCAB_SIZE, labels_for
+
+    mode = FakeTensorMode()
+    for loss, reduction in (("del", "token"), ("del", "digit"), ("dist2", "token")):
+        gen = torch.Generator().manual_seed(1)
+        labels = labels_for(2, 12, seed=1)
+        logits = torch.randn(12, 2, VOCAB_SIZE, generator=gen).to(torch.bfloat16)
+        hidden = torch.randn(12, 2, 8, generator=gen).to(torch.bfloat16)
+        weight = torch.randn(VOCAB_SIZE, 8, generator=gen).to(torch.bfloat16)
+        mask = (labels != IGNORE).float()
+        labels, logits, hidden, weight, mask = _fake(mode, labels, logits, hidden, weight, mask)
+        cfg = dm.NumericalLossConfig(
+            loss=loss, alpha=0.5, vocab=VOCAB, reduction=reduction, ignore_index=IGNORE
+        )
+        with mode, HostSyncs() as syncs:
+            if kernel == "linear":
+                leaves = (hidden.requires_grad_(True), weight.requires_grad_(True))
+                out = dm.numerical_linear_loss(*leaves, labels, cfg, loss_mask=mask)
+            else:
+                leaves = (logits.requires_grad_(True),)
+                out = dm.numerical_lm_loss(labels, logits, cfg, kernel=kernel)
+            (out * mask).sum().backward()
+        assert all(leaf.grad is not None for leaf in leaves)
+        assert not syncs.events, f"{kernel} {loss} {reduction}:\n{syncs.report()}"
