@@ -19,7 +19,9 @@ Rows (`impl`): megatron_ce (the reference of every ratio), megatron_fused (its t
 variant) and, on CUDA where Transformer Engine is installed, te_ce (Megatron's wrapper of TE's
 parallel cross-entropy); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto":
 `kernel` names the one it took on this device); del_softmax, del_recompute and del_compiled
-(DEL with each kernel forced); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
+(DEL with each kernel forced); del_chunked (DEL with a chunking vocab: the 1,110 number
+tokens' logits gathered and reduced to slot logits, ids 1000..2099 for the multi-digit ones; its
+cost does not depend on the labels); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
 ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
 del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
@@ -59,6 +61,9 @@ from del_megatron.numbers import number_layout  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 VOCAB = dm.DigitVocab(digit_ids=range(15, 25), decimal_point_ids=[13])
+# The same ids in a chunking vocab (Llama-3's digits and point; its 1,100 two- and three-digit
+# tokens at ids 1000..2099): the del_chunked row.
+CHUNKED_VOCAB = dm.DigitVocab(VOCAB.digit_ids, VOCAB.decimal_point_ids, range(1000, 2100))
 ALPHA = 0.01
 
 
@@ -186,9 +191,9 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     def megatron_fused(labels, logits):
         return fused_vocab_parallel_cross_entropy(logits, labels.t().contiguous(), group).t()
 
-    def ours(loss, **how):
+    def ours(loss, vocab=VOCAB, **how):
         how.setdefault("inplace", inplace)
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=VOCAB)
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=vocab)
         return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, group, **how)
 
     impls = {"megatron_ce": megatron_ce, "megatron_fused": megatron_fused}
@@ -206,6 +211,7 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     impls["del_softmax"] = ours("del", kernel="softmax")
     impls["del_recompute"] = ours("del", kernel="recompute")
     impls["del_compiled"] = ours("del", kernel="compiled")
+    impls["del_chunked"] = ours("del", vocab=CHUNKED_VOCAB)
     if dtype_name == "fp32":
         impls["del_copy"] = ours("del", inplace=False)
     if tp == 1:
@@ -240,7 +246,7 @@ def kernel_of(name: str, case) -> str | None:
 
     if name in FORCED_KERNELS:
         return FORCED_KERNELS[name]
-    if name not in LOSSES and name != "del_copy":
+    if name not in LOSSES and name not in ("del_copy", "del_chunked"):
         return None
     logits = SimpleNamespace(device=torch.device(case["device"]), dtype=DTYPES[case["dtype"]])
     inplace = case["dtype"] == "fp32" and name != "del_copy"

@@ -104,6 +104,7 @@ class Preflight:
     digits_split: bool
     message: str
     advice: AlphaAdvice = UNKNOWN
+    chunked: bool = False
 
     @property
     def ok(self) -> bool:
@@ -115,6 +116,8 @@ class Preflight:
             return ""
         alpha = recommended_weight(loss, self.advice) if alpha is None else alpha
         flags = [f"--numerical-loss {loss} --del-alpha {alpha:g}"]
+        if self.chunked:  # the run reads its 1,110 number tokens from the same tokenizer
+            return flags[0]
         flags.append("--del-digit-token-ids " + " ".join(map(str, self.digit_ids)))
         if self.decimal_point_ids:
             points = " ".join(map(str, self.decimal_point_ids))
@@ -159,12 +162,18 @@ def check_tokenizer(
             return Preflight(None, [], False, str(still_refused))
         split = False
     how = "one digit per token" if split else "MERGED into multi-digit tokens (DEL: single digits)"
+    if vocab.chunked:
+        how = (
+            "in chunks of up to three digits, left to right, with all 1,110 number tokens "
+            "(a chunking tokenizer: DEL gives every digit its own term)"
+        )
     return Preflight(
         list(vocab.digit_ids),
         list(vocab.decimal_point_ids),
-        split,
+        split or vocab.chunked,
         f"{path}: numbers tokenize {how}",
         alpha_advice(tok),
+        vocab.chunked,
     )
 
 
@@ -176,6 +185,11 @@ def report(result: Preflight, loss: str = "del", alpha: Optional[float] = None) 
         lines.append(f"digit ids ('0'..'9'): {' '.join(map(str, result.digit_ids))}")
         points = " ".join(map(str, result.decimal_point_ids)) or "none found"
         lines.append(f"decimal-point ids: {points}")
+        if result.chunked:
+            lines.append(
+                "number tokens: 1,110 ('0'..'9', '00'..'99', '000'..'999'); the run reads them "
+                "from its --tokenizer-model, so the flags below name no ids"
+            )
         lines.append(f"tokenizer family: {advice.family}")
         yours = "" if alpha is None else f" (the flags below use your --alpha {alpha:g})"
         if loss in OTHER_LOSS_WEIGHTS:

@@ -1,5 +1,6 @@
-"""Find the digit and decimal-point token ids of a tokenizer, and check that it splits numbers
-into one digit per token (which DEL's place weights assume).
+"""Find the digit and decimal-point token ids of a tokenizer, and check how it cuts numbers: one
+digit per token, or left to right in chunks of up to three digits with all 1,110 number tokens
+present (Llama-3, cl100k/o200k, DeepSeek-V3: DEL then has a term for every digit, docs/DEL.md).
 
 Works by encoding probe strings and decoding each token back, through whichever interface the
 tokenizer has: tiktoken Encoding, Hugging Face `tokenizers`/`transformers`, SentencePiece, or
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
-from .vocab import NUM_DIGITS, DigitVocab
+from .vocab import NUM_DIGITS, NUM_MULTI_DIGIT, DigitVocab, multi_digit_text
 
 logger = logging.getLogger("del_megatron")
 
@@ -22,6 +23,13 @@ logger = logging.getLogger("del_megatron")
 DIGITS_PROBE = "10123456789"
 NUMBER_PROBES = ("3.14159", "1234567", "x = 42.5")
 DIGIT_STRINGS = tuple(str(d) for d in range(NUM_DIGITS))
+# How a chunking tokenizer cuts numbers: left to right, three digits at a time.
+CHUNK_PROBES = {
+    "12345": ["123", "45"],
+    "1234567": ["123", "456", "7"],
+    "2024": ["202", "4"],
+    "3.14159": ["3", ".", "141", "59"],
+}
 
 
 def token_codec(tok: Any) -> Tuple[Callable[[str], List[int]], Callable[[int], str]]:
@@ -66,8 +74,46 @@ def _merged(pieces) -> List[str]:
     return [p for _, p in pieces if sum(c.isdigit() for c in p) > 1]
 
 
+def chunked_number_ids(encode, decode) -> Tuple[Optional[List[int]], str]:
+    """The ids of '00'..'99' and '000'..'999' (multi_digit_text order) when the tokenizer cuts
+    numbers as a chunking one does (each of them one token, numbers cut left to right in chunks
+    of three: CHUNK_PROBES); else (None, why not)."""
+    ids, missing = [], []
+    for index in range(NUM_MULTI_DIGIT):
+        text = multi_digit_text(index)
+        pieces = _pieces(encode, decode, text)
+        if len(pieces) == 1 and pieces[0][1] == text:
+            ids.append(pieces[0][0])
+        else:
+            missing.append(text)
+    if missing:
+        return None, (
+            f"{len(missing)} of the 1,100 two- and three-digit numbers are not one token each "
+            f"(e.g. {missing[:3]})"
+        )
+    for text, expected in CHUNK_PROBES.items():
+        got = [p for _, p in _pieces(encode, decode, text)]
+        if got != expected:
+            return None, f"it cuts {text!r} as {got}, not left to right in threes ({expected})"
+    if len(set(ids)) != len(ids):
+        return None, "some two- or three-digit numbers share a token id"
+    return ids, ""
+
+
+def _single_digit_ids(encode, decode, name: str) -> List[int]:
+    digit_ids = []
+    for d in DIGIT_STRINGS:
+        single = [i for i, p in _pieces(encode, decode, d) if p == d]
+        if len(single) != 1:
+            raise ValueError(f"{name} has no single-digit token for {d!r}")
+        digit_ids.append(single[0])
+    return digit_ids
+
+
 def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False) -> DigitVocab:
-    """DigitVocab of `tok`. Raises ValueError if numbers do not tokenize one digit per token,
+    """DigitVocab of `tok`: one digit a token, or a chunking vocab (all 1,110 number tokens,
+    numbers cut left to right in chunks of up to three; DigitVocab.multi_digit_ids) when the
+    tokenizer is one. Any other tokenizer that merges digits raises ValueError with the reason,
     unless allow_multi_digit_tokens: then DEL applies to the single-digit tokens only (numbers
     made of multi-digit tokens get no numerical term, and a run's places count tokens)."""
     if isinstance(tok, (str, os.PathLike)):
@@ -78,26 +124,34 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
     merged = _merged(probe) + [
         m for text in NUMBER_PROBES for m in _merged(_pieces(encode, decode, text))
     ]
-    if merged and not allow_multi_digit_tokens:
-        raise ValueError(
-            f"this {name} merges digits into multi-digit tokens (found {sorted(set(merged))}), "
-            "but DEL's place weights need one digit per token. Use a digit-splitting tokenizer "
-            "(Llama-2, Mistral, Qwen2.5, DeepSeek), give ids explicitly with DigitVocab(...) / "
-            "--del-digit-token-ids, or opt in with allow_multi_digit_tokens=True "
-            "(--del-allow-multi-digit-tokens) to apply DEL to single-digit tokens only"
-        )
+    multi_digit_ids: List[int] = []
     if merged:
-        logger.warning(
-            "del_megatron: %s merges digits %s; DEL applies to single-digit tokens only",
-            name,
-            sorted(set(merged))[:5],
-        )
-        digit_ids = []
-        for d in DIGIT_STRINGS:
-            single = [i for i, p in _pieces(encode, decode, d) if p == d]
-            if len(single) != 1:
-                raise ValueError(f"{name} has no single-digit token for {d!r}")
-            digit_ids.append(single[0])
+        chunked, why_not = chunked_number_ids(encode, decode)
+        if chunked is not None:
+            multi_digit_ids = chunked
+            logger.info(
+                "del_megatron: %s cuts numbers into chunks of up to three digits; DEL gives "
+                "every digit of them its own term (docs/DEL.md)",
+                name,
+            )
+        elif not allow_multi_digit_tokens:
+            raise ValueError(
+                f"this {name} merges digits into multi-digit tokens (found "
+                f"{sorted(set(merged))[:8]}), but not as a chunking tokenizer does: {why_not}. "
+                "DEL needs one digit per token, or chunks of up to three cut left to right "
+                "with all 1,110 number tokens present (Llama-3, o200k, DeepSeek-V3). Use such "
+                "a tokenizer, give ids explicitly with DigitVocab(...) / --del-digit-token-ids, "
+                "or opt in with allow_multi_digit_tokens=True (--del-allow-multi-digit-tokens) "
+                "to apply DEL to single-digit tokens only"
+            )
+        else:
+            logger.warning(
+                "del_megatron: %s merges digits %s (%s); DEL applies to single-digit tokens only",
+                name,
+                sorted(set(merged))[:5],
+                why_not,
+            )
+        digit_ids = _single_digit_ids(encode, decode, name)
     else:
         tail = probe[1:]
         if tuple(p for _, p in tail) != DIGIT_STRINGS:
@@ -121,7 +175,7 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
                 )
     if not points:
         logger.warning("del_megatron: %s has no '.' token inside numbers; no decimal points", name)
-    return DigitVocab(digit_ids, sorted(points))
+    return DigitVocab(digit_ids, sorted(points), multi_digit_ids)
 
 
 # Qwen2/2.5's pre-tokenizer pattern: \p{N} alone splits numbers one digit per token.

@@ -41,8 +41,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-$(find_python "$version")}" -m venv "$venv"
 fi
 stamp=$venv/.del-megatron-installed
+nodeps=tests/requirements-nodeps.txt
 if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-    || [ "${nvrx:-$requirements}" -nt "$stamp" ]; then
+    || [ "${nvrx:-$requirements}" -nt "$stamp" ] || [ "$nodeps" -nt "$stamp" ]; then
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   if [ "$venv" = .venv312-bridge ]; then
     base=$(.venv312/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -62,6 +63,7 @@ if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$sta
     # torch first and exactly pinned, so nothing after it can pull another build.
     "${pip[@]}" "$(grep -E '^torch==' "$requirements")"
     "${pip[@]}" -r "$requirements"
+    "${pip[@]}" --no-deps -r "$nodeps"
     "${pip[@]}" --no-deps -e .
   fi
   touch "$stamp"

@@ -165,3 +165,68 @@ def check_logits_free(seed: int, route: str) -> dict:
                     key = f"{dtype}".removeprefix("torch.") + " " + what
                     worst[key] = max(worst.get(key, 0.0), error)
     return worst
+
+
+def long_numbers(total: int, seed: int) -> torch.Tensor:
+    """int64 [1, total]: numbers of 4..11 digits cut as a chunking tokenizer cuts them (left to
+    right in threes), some with a decimal point, between other tokens: chunk and document
+    borders fall inside numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = {text: i for i, text in VOCAB.number_tokens()}
+    row = []
+    while len(row) < total:
+        length = int(torch.randint(4, 12, (1,), generator=gen))
+        digits = "".join(str(int(d)) for d in torch.randint(0, 10, (length,), generator=gen))
+        parts = [digits]
+        if torch.rand(1, generator=gen) < 0.5:
+            cut = int(torch.randint(1, len(digits), (1,), generator=gen))
+            parts = [digits[:cut], digits[cut:]]
+        for n, part in enumerate(parts):
+            if n:
+                row.append(VOCAB.decimal_point_ids[0])
+            row += [ids[part[i : i + 3]] for i in range(0, len(part), 3)]
+        row += [_OTHERS[0]] * int(torch.randint(1, 3, (1,), generator=gen))
+    labels = torch.tensor([row[:total]])
+    labels[0, -2] = IGNORE
+    return labels
+
+
+def check_cp_and_packing(seed: int, kernel: str) -> None:
+    """CP over the whole group, THD: three packed documents, each cut into 2 * cp chunks
+    (Megatron's layout): per-token losses and this rank's logit gradients equal the oracle's on
+    each document alone."""
+    from del_megatron.sequence import cp_positions
+
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    lengths = [2 * cp * k for k in (4, 2, 3)]
+    docs = [long_numbers(n, seed + i) for i, n in enumerate(lengths)]
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    packed = torch.cat(docs, dim=1)
+    total = packed.size(1)
+    positions = cp_positions(total // cp, cp, rank, cu_seqlens)
+    gen = torch.Generator().manual_seed(seed)
+    full = 3 * torch.randn(total, 1, VOCAB_SIZE, generator=gen, dtype=torch.float64)
+    upstream = torch.rand(1, total, generator=gen, dtype=torch.float64) + 0.5
+    for loss in ("del", "dist2"):
+        ref_total, ref_grad, start = [], [], 0
+        for doc in docs:
+            end = start + doc.size(1)
+            _, _, total_doc, grad_doc = reference(
+                doc, full[start:end], loss, upstream[:, start:end]
+            )
+            ref_total.append(total_doc)
+            ref_grad.append(grad_doc)
+            start = end
+        ref_total, ref_grad = torch.cat(ref_total, dim=1), torch.cat(ref_grad, dim=0)
+        logits = full[positions].float().requires_grad_(True)
+        ours = dm.numerical_lm_loss(
+            packed[:, positions],
+            logits,
+            _config(loss),
+            kernel=kernel,
+            cp_group=dist.group.WORLD,
+            cu_seqlens=cu_seqlens,
+        )
+        (ours * upstream[:, positions].float()).sum().backward()
+        assert _relative(ours, ref_total[:, positions]) < 2e-6, loss
+        assert _relative(logits.grad, ref_grad[positions]) < 1e-5, loss

@@ -189,3 +189,81 @@ def test_worked_values_through_the_package():
         parts = dm.loss_parts(labels, logits, cfg)
         assert float(parts.term) == pytest.approx(expected, abs=2e-7)
         assert parts.digit_count.tolist() == [[2]] and int(parts.n_digits) == 2
+
+
+@pytest.mark.parametrize("reduction", ["token", "digit"])
+def test_megatron_telemetry_and_reduction_count_digits(reduction):
+    from del_megatron import megatron as dmm
+    from del_megatron.megatron import telemetry
+
+    # '123' '4' then '9' (masked) and a space: 4 digit targets in 3 loss tokens of 4
+    labels = torch.tensor([[ID_OF["123"], ID_OF["4"], ID_OF["9"], SPACE]])
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+    logits = torch.randn(4, 1, VOCAB_SIZE, generator=torch.Generator().manual_seed(2))
+    logits[0, 0, ID_OF["123"]] = 30.0  # slots 1-3 of '123' predicted right
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=CHUNKED, reduction=reduction)
+    parts = dm.loss_parts(labels, logits, dm.NumericalLossConfig(loss="del", vocab=CHUNKED))
+    output = parts.token_loss(0.2)
+    dmm.register(cfg)
+    try:
+        telemetry.record(output, parts, cfg)
+        loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
+    finally:
+        dmm.unregister()
+    ce, term = reference_lm_loss(labels, logits, CHUNKED, loss="del")
+    ce_sum, term_sum = ce[0, 0] + ce[0, 1] + ce[0, 3], term[0, 0] + term[0, 1]
+    assert num_tokens.item() == 3
+    assert report["digit tokens"].tolist() == [4.0, 1.0]
+    assert report["digit share"].tolist() == [4.0, 3.0]
+    assert report["del term"].tolist() == pytest.approx([term_sum.item(), 4.0], rel=1e-5)
+    correct = 3 + int(parts.digit_logits[0, 1, 0].argmax() == 4)
+    assert report["digit acc"].tolist() == [float(correct), 4.0]
+    if reduction == "token":
+        expected = ce_sum + 0.2 * term_sum
+    else:  # mean CE over 3 tokens + alpha * mean term over 4 digits, in Megatron's sum units
+        expected = 3 * (ce_sum / 3 + 0.2 * term_sum / 4)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_megatron_flags_and_model_config_keep_the_number_tokens():
+    import argparse
+
+    from tokenizers import Tokenizer
+
+    from del_megatron import megatron as dmm
+    from del_megatron.megatron.hook import cfg_from_model_config, config_fields
+
+    from .test_tokenizers import LLAMA3_TOKENIZER
+
+    tok = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
+    parser = dmm.add_arguments(argparse.ArgumentParser())
+    cfg = dmm.config_from_args(parser.parse_args(["--numerical-loss", "del"]), tokenizer=tok)
+    assert cfg.vocab.chunked and len(cfg.vocab.multi_digit_ids) == 1100
+    single = parser.parse_args(["--numerical-loss", "del", "--del-single-digits-only"])
+    fallback = dmm.config_from_args(single, tokenizer=tok).vocab
+    assert not fallback.chunked and fallback.digit_ids == cfg.vocab.digit_ids
+
+    class ModelConfig:  # what Bridge's provider / Megatron's TransformerConfig carry
+        pass
+
+    model_config = ModelConfig()
+    for name, value in config_fields(cfg).items():
+        setattr(model_config, name, value)
+    assert cfg_from_model_config(model_config) == cfg
+
+
+def test_check_reports_the_real_llama3_file_as_chunking():
+    from del_megatron.preflight import check_tokenizer, report
+
+    from .test_tokenizers import LLAMA3_TOKENIZER
+
+    result = check_tokenizer(str(LLAMA3_TOKENIZER.parent), "HuggingFaceTokenizer")
+    assert result.ok and result.chunked
+    text = report(result)
+    assert "chunks of up to three digits" in text and "1,110 number tokens" in text
+    assert text.splitlines()[-1].endswith("--numerical-loss del --del-alpha 0.01")
+
+
+@pytest.mark.parametrize("kernel", ["recompute", "softmax"])
+def test_context_parallel_and_packed_documents(gloo, kernel):
+    gloo(2).run(chunked_workers.check_cp_and_packing, 9, kernel)

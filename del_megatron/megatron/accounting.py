@@ -112,8 +112,9 @@ class DigitAccounting:
             if mask is None:
                 mask = labels != self.ignore_index
             mask = mask.reshape(labels.shape).to(torch.float64)
-            is_digit = number_layout(labels, self.vocab, self.ignore_index).is_digit
-            these = torch.stack([mask.sum(), (is_digit * mask).sum()])
+            # digits, not tokens: a three-digit token of a chunking vocab counts 3
+            digits = number_layout(labels, self.vocab, self.ignore_index).digit_count
+            these = torch.stack([mask.sum(), (digits * mask).sum()])
             counts = these if counts is None else counts.to(these.device) + these
         if counts is None:
             counts = torch.zeros(2, dtype=torch.float64)

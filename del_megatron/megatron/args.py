@@ -63,7 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--del-allow-multi-digit-tokens",
         action="store_true",
-        help="accept a tokenizer that merges digits; DEL then acts on single-digit tokens only",
+        help="accept a tokenizer that merges digits in another way than a chunking one "
+        "(Llama-3's chunks of up to three are understood by themselves); DEL then acts on "
+        "single-digit tokens only",
+    )
+    group.add_argument(
+        "--del-single-digits-only",
+        action="store_true",
+        help="with a chunking tokenizer (Llama-3, o200k, DeepSeek-V3), give the term to the "
+        "ten single-digit tokens only, not to every digit of the multi-digit ones (for A/B)",
     )
     return parser
 
@@ -94,8 +102,10 @@ def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
             "'0'..'9' (and --del-decimal-point-token-ids for '.')"
         )
     vocab = DigitVocab.from_tokenizer(tokenizer, args.del_allow_multi_digit_tokens)
+    if getattr(args, "del_single_digits_only", False):
+        vocab = vocab.single_digits_only()
     if args.del_decimal_point_token_ids is not None:
-        vocab = DigitVocab(vocab.digit_ids, args.del_decimal_point_token_ids)
+        vocab = DigitVocab(vocab.digit_ids, args.del_decimal_point_token_ids, vocab.multi_digit_ids)
     return vocab
 
 

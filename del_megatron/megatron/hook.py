@@ -47,6 +47,7 @@ FIELD_ALPHA = "del_alpha"
 FIELD_REDUCTION = "del_reduction"
 FIELD_DIGITS = "del_digit_token_ids"
 FIELD_POINTS = "del_decimal_point_token_ids"
+FIELD_MULTI_DIGITS = "del_multi_digit_token_ids"
 
 
 def _language_module():
@@ -64,6 +65,7 @@ def config_fields(cfg: NumericalLossConfig) -> dict:
         FIELD_REDUCTION: cfg.reduction,
         FIELD_DIGITS: list(vocab.digit_ids) if vocab else None,
         FIELD_POINTS: list(vocab.decimal_point_ids) if vocab else None,
+        FIELD_MULTI_DIGITS: list(vocab.multi_digit_ids) if vocab and vocab.chunked else None,
     }
 
 
@@ -75,7 +77,11 @@ def cfg_from_model_config(config) -> Optional[NumericalLossConfig]:
     digits = getattr(config, FIELD_DIGITS, None)
     vocab = None
     if digits is not None:
-        vocab = DigitVocab(digits, getattr(config, FIELD_POINTS, None) or ())
+        vocab = DigitVocab(
+            digits,
+            getattr(config, FIELD_POINTS, None) or (),
+            getattr(config, FIELD_MULTI_DIGITS, None) or (),
+        )
     return NumericalLossConfig(
         loss=loss,
         alpha=getattr(config, FIELD_ALPHA, 0.01),

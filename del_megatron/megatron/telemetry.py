@@ -73,7 +73,7 @@ def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
     if step is not None:
         scale = step.term_scale(n_tokens).to(n_tokens)
     else:
-        scale = n_tokens / (rec.parts.is_digit * mask).sum().clamp(min=1.0)
+        scale = n_tokens / (rec.parts.digit_count * mask).sum().clamp(min=1.0)
     extra = rec.cfg.alpha * rec.parts.term * (scale - 1.0)
     return rec.output + extra.to(rec.output.dtype)
 
@@ -81,9 +81,16 @@ def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
 def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each)."""
     mask = loss_mask.reshape(rec.output.shape).float()
-    digit_mask = rec.parts.is_digit.float() * mask
+    parts = rec.parts
+    # One entry per digit target: a chunking vocab's [b, s, 3] slots, else [b, s, 1].
+    digit, logits = parts.digit, parts.digit_logits
+    if digit.dim() == mask.dim():
+        digit, logits = digit.unsqueeze(-1), logits.unsqueeze(-2)
+    slots = torch.arange(digit.size(-1), device=digit.device)
+    in_slot = slots < parts.digit_count.unsqueeze(-1)
+    digit_mask = in_slot.float() * mask.unsqueeze(-1)
     n_digits = digit_mask.sum()
-    correct = rec.parts.digit_logits.argmax(dim=-1) == rec.parts.digit
+    correct = logits.argmax(dim=-1) == digit
 
     floor = _zero_floor()
 
