@@ -193,8 +193,7 @@ def test_worked_values_through_the_package():
 
 @pytest.mark.parametrize("reduction", ["token", "digit"])
 def test_megatron_telemetry_and_reduction_count_digits(reduction):
-    from del_megatron import megatron as dmm
-    from del_megatron.megatron import telemetry
+    from .test_megatron_glue import through_loss_func
 
     # '123' '4' then '9' (masked) and a space: 4 digit targets in 3 loss tokens of 4
     labels = torch.tensor([[ID_OF["123"], ID_OF["4"], ID_OF["9"], SPACE]])
@@ -202,14 +201,8 @@ def test_megatron_telemetry_and_reduction_count_digits(reduction):
     logits = torch.randn(4, 1, VOCAB_SIZE, generator=torch.Generator().manual_seed(2))
     logits[0, 0, ID_OF["123"]] = 30.0  # slots 1-3 of '123' predicted right
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=CHUNKED, reduction=reduction)
-    parts = dm.loss_parts(labels, logits, dm.NumericalLossConfig(loss="del", vocab=CHUNKED))
-    output = parts.token_loss(0.2)
-    dmm.register(cfg)
-    try:
-        telemetry.record(output, parts, cfg)
-        loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
-    finally:
-        dmm.unregister()
+    loss, num_tokens, report, _ = through_loss_func(labels, mask, logits, cfg)
+    parts = dm.loss_parts(labels, logits, cfg)
     ce, term = reference_lm_loss(labels, logits, CHUNKED, loss="del")
     ce_sum, term_sum = ce[0, 0] + ce[0, 1] + ce[0, 3], term[0, 0] + term[0, 1]
     assert num_tokens.item() == 3

@@ -26,18 +26,25 @@ def hand_batch():
     return labels, mask, logits
 
 
-@pytest.mark.parametrize("reduction", ["token", "digit"])
-def test_telemetry_and_reduction_by_hand(reduction):
-    labels, mask, logits = hand_batch()
-    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction)
-    parts = loss_parts(labels, logits, dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB))
-    output = parts.token_loss(0.2)
+def through_loss_func(labels, mask, logits, cfg):
+    """(loss, num_tokens, report, output) of Megatron-LM's loss_func wrapper on the hook's
+    recorded output for these logits, registered for cfg."""
+    parts = loss_parts(labels, logits, dm.NumericalLossConfig(loss="del", vocab=cfg.vocab))
+    output = parts.token_loss(cfg.alpha)
     dmm.register(cfg)
     try:
         telemetry.record(output, parts, cfg)
         loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
     finally:
         dmm.unregister()
+    return loss, num_tokens, report, output
+
+
+@pytest.mark.parametrize("reduction", ["token", "digit"])
+def test_telemetry_and_reduction_by_hand(reduction):
+    labels, mask, logits = hand_batch()
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction)
+    loss, num_tokens, report, output = through_loss_func(labels, mask, logits, cfg)
     assert telemetry.find(output) is None  # unregister() forgets the records
 
     # By hand: "31" is one number (tens, units: w = 4, 2); 'x' is not a digit; '7' is masked.
