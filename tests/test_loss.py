@@ -416,3 +416,25 @@ def test_compiled_passes_hold_nothing_of_n_by_v_in_fp32():
     grad = second(logits, row, row, row, onehot)
     eager = recompute.softmax_minus_onehot(logits, row, row, row, onehot)
     torch.testing.assert_close(grad, eager, rtol=8e-3, atol=1e-6)
+
+
+def test_a_device_failure_inside_a_compiled_pass_is_not_taken_for_a_compile_failure(
+    eager_rows, monkeypatch, caplog
+):
+    """A failed device-side check on CUDA surfaces asynchronously, possibly inside a compiled
+    pass: it must propagate as it is, not be logged as 'torch.compile failed' and retried
+    eagerly (audit G7)."""
+    from del_megatron.kernels import recompute
+
+    def dead_context(*args):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    first_pass, _ = recompute.passes(compiled=True)
+    monkeypatch.setattr(first_pass, "compiled", dead_context)
+    labels = number_rich_labels(2, 9, seed=3)
+    logits = logits_for(9, 2, 64, seed=3).float()
+    cfg = dm.NumericalLossConfig(alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        dm.numerical_lm_loss(labels, logits, cfg, kernel="compiled")
+    assert not recompute._COMPILE_FAILED and not eager_rows
+    assert _fallback_logged(caplog) == 0

@@ -1,6 +1,7 @@
 """Megatron-LM glue without a model: telemetry by hand, the digit reduction, the flags."""
 
 import argparse
+import types
 
 import pytest
 import torch
@@ -234,3 +235,22 @@ def test_register_from_args_tells_the_hook_how_packed_batches_are_cut_over_cp(fl
         dmm.unregister()
     with pytest.raises(ValueError, match="cp_balancing must be one of"):
         dmm.register(cp_balancing="documents")
+
+
+@pytest.mark.parametrize("switch", ["gradient_accumulation_fusion", "fuse_wgrad_accumulation"])
+def test_logits_free_takes_main_grad_under_either_name_of_the_fusion(switch):
+    """Megatron's layers call gradient-accumulation fusion gradient_accumulation_fusion,
+    Transformer Engine's (the MXFP8 output layer) fuse_wgrad_accumulation: under either, the
+    logits-free loss adds the weight gradient to main_grad and returns Megatron's placeholder
+    (audit G6)."""
+    from del_megatron.megatron.logits_free import main_grad_sink
+
+    weight = torch.nn.Parameter(torch.randn(8, 4).to(torch.bfloat16))
+    weight.main_grad = torch.zeros(8, 4)
+    weight.grad_added_to_main_grad = False
+    layer = types.SimpleNamespace(**{switch: True})
+    sink = main_grad_sink(layer, weight)
+    assert sink is not None and sink.accumulator is weight.main_grad
+    placeholder = sink.returned()
+    assert placeholder.shape == weight.shape and weight.grad_added_to_main_grad
+    assert main_grad_sink(types.SimpleNamespace(), weight) is None

@@ -175,9 +175,22 @@ class CompiledPass:
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:  # any compile failure: the eager passes give the same
+                if _device_failure(exc):
+                    raise  # a dead CUDA context (a failed device-side check), not the compiler
                 _COMPILE_FAILED.add(type(exc).__name__)
                 _fall_back(f"torch.compile failed ({type(exc).__name__}: {exc})".split("\n")[0])
         return _in_chunks(self.eager, logits, *rest)
+
+
+def _device_failure(exc: Exception) -> bool:
+    """Whether `exc` is the device failing (a device-side assert surfacing here, a CUDA runtime
+    error) rather than torch.compile: retrying eagerly would fail again and log a misleading
+    "torch.compile failed"."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return "CUDA error" in text or "device-side assert" in text
 
 
 def _in_chunks(eager: Callable, logits: torch.Tensor, *rows: torch.Tensor):

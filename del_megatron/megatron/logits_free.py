@@ -111,7 +111,12 @@ def main_grad_sink(output_layer: Any, weight: torch.Tensor) -> Optional[WeightGr
     weights), else uninitialised; without DDP it returns None. DDP's hook then skips
     `param.grad` for a flagged weight, so a real gradient returned beside an MTP head's
     placeholder would be dropped. The logits-free loss follows the same protocol."""
-    if not getattr(output_layer, "gradient_accumulation_fusion", False):
+    # Megatron's own layers name the switch gradient_accumulation_fusion, Transformer Engine's
+    # (TELMHeadColumnParallelLinear, the output layer under MXFP8) fuse_wgrad_accumulation.
+    fused = getattr(output_layer, "gradient_accumulation_fusion", False) or getattr(
+        output_layer, "fuse_wgrad_accumulation", False
+    )
+    if not fused:
         return None
     main_grad = getattr(weight, "main_grad", None)
     if main_grad is None:
