@@ -199,7 +199,8 @@ def _compose_parts(
     cfg: NumericalLossConfig,
     sequence: _Sequence,
 ) -> LossParts:
-    """ce [s * b] and digit logits [s * b, 10] of a kernel -> LossParts of [b, s]."""
+    """ce [s * b] and digit logits [s * b, W] of a kernel (W: the vocab's number tokens) ->
+    LossParts of [b, s]."""
     b, s = labels.shape
     vocab = _vocab(cfg)
     slots = vocab.max_digits

@@ -1,11 +1,13 @@
-"""Numbers inside label sequences: which positions are digits, and where each sits in its number.
+"""Numbers inside label sequences: which positions are number tokens, and where each of their
+digits sits in its number.
 
 All functions are vectorised torch over [b, s] labels: no Python loop over tokens, no host sync.
-A *number* is a maximal run of consecutive positions of one row whose labels are digits or
-decimal points (docs/DEL.md). Its first decimal point, unless the run starts with it, splits the
-run into an integer part and a fractional part: DEL's place weights. DIST2Loss groups otherwise:
-only digits form its runs, so a decimal point ends one, and each run is weighed like an integer
-from its last digit.
+A *number* is a maximal run of consecutive positions of one row whose labels are number tokens
+(one digit each, or up to three in a chunking vocab) or decimal points (docs/DEL.md). Places are
+counted in digits, a decimal point taking one. Its first decimal point, unless the run starts with
+it, splits the run into an integer part and a fractional part: DEL's place weights. DIST2Loss
+groups otherwise: only number tokens form its runs, so a decimal point ends one, and each run is
+weighed like an integer from its last digit.
 """
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ class NumberLayout(NamedTuple):
     @property
     def in_slot(self) -> torch.Tensor:
         """bool [b, s, S]: the slot holds a digit of the label."""
-        slots = torch.arange(self.digit.size(-1), device=self.digit.device)
-        return slots < self.digit_count.unsqueeze(-1)
+        return held_slots(self.digit_count, self.digit.size(-1))
+
+
+def held_slots(digit_count: torch.Tensor, slots: int) -> torch.Tensor:
+    """bool [..., slots]: slot j holds a digit of a label of digit_count [...] digits."""
+    return torch.arange(slots, device=digit_count.device) < digit_count.unsqueeze(-1)
 
 
 def check_label_dtype(labels: torch.Tensor) -> None:

@@ -60,8 +60,8 @@ def reference_place_weights(
     texts, points = _number_texts(vocab), set(vocab.decimal_point_ids)
     slots = vocab.max_digits
     out = torch.zeros((*labels.shape, slots), dtype=torch.float64)
+    numeric = set(texts) if scheme == "dist2" else set(texts) | points
     for r, row in enumerate(labels.tolist()):
-        numeric = set(texts) if scheme == "dist2" else set(texts) | points
         for run in _runs(row, numeric, ignore_index, join_across_ignored):
             # The run's places in order: (position, slot) per digit, (position, None) per point.
             places = [

@@ -22,25 +22,35 @@ from .vocab import NUM_DIGITS
 TWO, THREE = NUM_DIGITS, NUM_DIGITS + 100
 
 
-def _tables(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Candidate tables (places in number_tokens() order), made by arithmetic on the device:
-    slot 1 [10 digits * 111], slot 2 [10 prefixes, 10 * 11], slot 3 [100 prefixes, 10]."""
+def _first(device: torch.device) -> torch.Tensor:
+    """Slot 1's candidates [10 digits * 111]: digit k, then "k0".."k9", then "k00".."k99"."""
     k = torch.arange(NUM_DIGITS, device=device).view(-1, 1)
     ten, hundred = torch.arange(10, device=device), torch.arange(100, device=device)
-    first = torch.cat([k, TWO + 10 * k + ten, THREE + 100 * k + hundred], dim=-1).reshape(-1)
-    p = k.view(-1, 1, 1)
-    inner = k.view(1, -1, 1)
-    second = torch.cat(
-        [(TWO + 10 * p + inner).expand(-1, -1, 1), THREE + 100 * p + 10 * inner + ten], dim=-1
-    ).reshape(NUM_DIGITS, -1)
-    third = THREE + 10 * torch.arange(100, device=device).view(-1, 1) + ten
-    return first, second, third
+    return torch.cat([k, TWO + 10 * k + ten, THREE + 100 * k + hundred], dim=-1).reshape(-1)
+
+
+def _second(device: torch.device) -> torch.Tensor:
+    """Slot 2's candidates [10 prefixes p, 10 digits k * 11]: "pk", then "pk0".."pk9"."""
+    p = torch.arange(NUM_DIGITS, device=device).view(-1, 1, 1)
+    k = p.view(1, -1, 1)
+    ten = torch.arange(10, device=device)
+    tokens = torch.cat([TWO + 10 * p + k, THREE + 100 * p + 10 * k + ten], dim=-1)
+    return tokens.reshape(NUM_DIGITS, -1)
+
+
+def _third(device: torch.device) -> torch.Tensor:
+    """Slot 3's candidates [100 prefixes q, 10 digits k]: the one token "qk"."""
+    ten = torch.arange(10, device=device)
+    return THREE + 10 * torch.arange(100, device=device).view(-1, 1) + ten
+
+
+TABLES = (_first, _second, _third)
 
 
 def _on(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(
-        on_device(("slot_table", j), device, lambda d, j=j: _tables(d)[j]) for j in range(3)
-    )
+    """The three candidate tables on `device` (places in number_tokens() order), made by
+    arithmetic there once and kept."""
+    return tuple(on_device(("slot_table", make.__name__), device, make) for make in TABLES)
 
 
 def slot_logits(number_logits: torch.Tensor, digit: torch.Tensor) -> torch.Tensor:

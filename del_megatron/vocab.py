@@ -13,10 +13,6 @@ from .device import on_device
 
 NUM_DIGITS = 10
 
-# Classes of a label in a number lookup table (see DigitVocab.class_table).
-CLASS_OTHER = -1
-CLASS_POINT = NUM_DIGITS  # digits are classes 0..9, their own value
-
 # Most digits a number token holds in a chunking vocabulary, and how many multi-digit tokens it
 # has: "00".."99" then "000".."999" (DigitVocab.multi_digit_ids, in that order).
 MAX_TOKEN_DIGITS = 3
@@ -154,21 +150,6 @@ class DigitVocab:
                 f"{vocab_size} ids (summed over tensor-parallel shards); the DigitVocab was "
                 "built for another tokenizer, or the logits are not the full vocabulary / its shard"
             )
-
-    def class_table(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """int64 [max_id + 2]: digit value 0..9 for digit ids, CLASS_POINT for decimal points,
-        CLASS_OTHER elsewhere. The last entry is CLASS_OTHER and serves any id > max_id.
-        Made on `device` once and kept (on_device); do not write into it."""
-        return on_device(("class_table", self), torch.device(device or "cpu"), self._class_table)
-
-    def _class_table(self, device: torch.device) -> torch.Tensor:
-        table = torch.full((self.max_id + 2,), CLASS_OTHER, dtype=torch.long, device=device)
-        classes = list(enumerate(self.digit_ids)) + [
-            (CLASS_POINT, i) for i in self.decimal_point_ids
-        ]
-        for cls, i in classes:
-            table.narrow(0, i, 1).fill_(cls)
-        return table
 
     def token_codes(self, device: torch.device | str | None = None) -> torch.Tensor:
         """int64 [max_id + 2]: L * CODE_LENGTH + value for a number token of L digits (leading

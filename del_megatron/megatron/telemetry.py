@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 
 from ..loss import LossParts, NumericalLossConfig
+from ..numbers import held_slots
 from . import accounting, state
 
 COUNT_EPS = 1e-8
@@ -86,9 +87,7 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     digit, logits = parts.digit, parts.digit_logits
     if digit.dim() == mask.dim():
         digit, logits = digit.unsqueeze(-1), logits.unsqueeze(-2)
-    slots = torch.arange(digit.size(-1), device=digit.device)
-    in_slot = slots < parts.digit_count.unsqueeze(-1)
-    digit_mask = in_slot.float() * mask.unsqueeze(-1)
+    digit_mask = held_slots(parts.digit_count, digit.size(-1)).float() * mask.unsqueeze(-1)
     n_digits = digit_mask.sum()
     correct = logits.argmax(dim=-1) == digit
 
