@@ -18,9 +18,12 @@ import warnings
 from dataclasses import fields
 from typing import Callable, List, Optional, Sequence
 
-from .demo.config import NON_NEGATIVE, NOT_FLAGS, POSITIVE, TrainConfig
+from .demo.config import CHUNKED, NON_NEGATIVE, NOT_FLAGS, POSITIVE, SINGLE_DIGIT_DEL, TrainConfig
 from .loss import LOSSES
 from .ports import free_port
+
+# What the demo trains: every loss, and DEL on single-digit tokens only (for chunking tokenizers).
+DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
 
 # Everything that trains or prepares data (torch.distributed, Megatron-Core, the demo) is
 # imported inside the command that needs it: `del-megatron --help` and bad arguments stay fast.
@@ -42,10 +45,12 @@ def _number(kind: Callable, bound: str) -> Callable[[str], object]:
     return parse
 
 
-def _existing(what: str, want_file: bool) -> Callable[[str], str]:
-    """argparse type: a path that exists (a file, with want_file)."""
+def _existing(what: str, want_file: bool, keyword: str = "") -> Callable[[str], str]:
+    """argparse type: a path that exists (a file, with want_file), or `keyword` itself."""
 
     def parse(text: str) -> str:
+        if keyword and text == keyword:
+            return text
         if not os.path.exists(text):
             raise argparse.ArgumentTypeError(f"{what} {text!r} does not exist")
         if want_file and not os.path.isfile(text):
@@ -243,10 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--tokenizer",
-            type=_existing("tokenizer", want_file=False),
+            type=_existing("tokenizer", want_file=False, keyword=CHUNKED),
             default=None,
-            help="tokenizer file or folder (default: train a digit-splitting SentencePiece "
-            "model on the corpus)",
+            help="tokenizer file or folder, or 'chunked' to train a byte-level BPE that cuts "
+            "numbers into chunks of up to 3 digits as Llama-3's does (default: train a "
+            "digit-splitting SentencePiece model on the corpus)",
         )
         p.add_argument(
             "--num-docs",
@@ -323,8 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--losses",
         nargs="+",
         default=["ce", "del"],
-        choices=LOSSES,
-        help="losses to train, one run each (default: ce del)",
+        choices=DEMO_LOSSES,
+        help=f"losses to train, one run each (default: ce del; {SINGLE_DIGIT_DEL} is DEL on "
+        "the single-digit tokens only, for a chunking tokenizer)",
     )
     demo.add_argument(
         "--nproc", type=positive, default=2, help="processes = tensor-parallel size (default 2)"
@@ -354,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_arm,
         default=[_arm(name) for name in LOSSES],
         metavar="LOSS[@WEIGHT]",
-        help=f"losses ({', '.join(LOSSES)}), each at its paper weight or @WEIGHT (default all)",
+        help=f"losses ({', '.join(DEMO_LOSSES)}), each at its paper weight or @WEIGHT "
+        f"(default all but {SINGLE_DIGIT_DEL}, which is del on a one-digit tokenizer)",
     )
     compare.add_argument(
         "--seeds",
@@ -381,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a folder written by prepare",
     )
     train.add_argument("--out-dir", required=True, help="where metrics.json and checkpoints go")
-    train.add_argument("--loss", default="del", choices=LOSSES, help="the loss (default del)")
+    train.add_argument("--loss", default="del", choices=DEMO_LOSSES, help="the loss (default del)")
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     train.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar"

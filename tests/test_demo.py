@@ -204,6 +204,33 @@ def test_curve_steps_and_subset_summaries_by_hand():
     assert [s["output"] for s in every["samples"]] == list("abcd")
 
 
+def _digits_right_by_text(tok, targets, guesses):
+    """(digits right, digits) of the target tokens that read as 1-3 ASCII digits: each digit
+    compared with the guessed token's text at the same place (decoded, not looked up)."""
+    correct = total = 0
+    for target, guess in zip(targets, guesses):
+        want, got = tok.decode([target]), tok.decode([guess])
+        if not (want.isascii() and want.isdigit() and len(want) <= 3):
+            continue
+        got = got if got.isascii() and got.isdigit() else ""
+        total += len(want)
+        correct += sum(a == b for a, b in zip(want, got))
+    return correct, total
+
+
+def test_digit_hits_count_the_digits_of_chunks_in_place():
+    from del_megatron.demo.evaluate import digit_hits
+
+    texts = {5: "5", 7: "7", 20: "12", 30: "123", 31: "124", 40: "23"}
+    # "123" guessed as "124": 2 of 3; as "12": 2 of 3; as "23": none in place; as a word: 0
+    assert digit_hits([30], [31], texts) == (2, 3)
+    assert digit_hits([30], [20], texts) == (2, 3)
+    assert digit_hits([30], [40], texts) == (0, 3)
+    assert digit_hits([30, 99], [99, 30], texts) == (0, 3)  # 99 is no number token
+    # one digit a token: a digit is right when its token is
+    assert digit_hits([5, 7, 99], [5, 5, 7], texts) == (1, 2)
+
+
 def _padded_scoring_matches_one_problem_at_a_time(data_dir):
     """score() (right-padded batches, finished answers dropped) against the plain loop: each
     problem alone, teacher-forced and decoded greedily without padding."""
@@ -230,11 +257,11 @@ def _padded_scoring_matches_one_problem_at_a_time(data_dir):
             prompt, answer = tok.encode(problem["prompt"]), tok.encode(problem["answer"])
             full = torch.tensor([prompt + answer])
             predicted = evaluate._full_logits(model, full).argmax(-1)[0]
-            targets = full[0, len(prompt) :]
-            is_digit = torch.isin(targets, torch.tensor(vocab.digit_ids))
-            hits = (predicted[len(prompt) - 1 : -1] == targets) & is_digit
-            assert scores.digits_correct[i] == int(hits.sum())
-            assert scores.digits_total[i] == int(is_digit.sum())
+            targets = full[0, len(prompt) :].tolist()
+            guesses = predicted[len(prompt) - 1 : -1].tolist()
+            correct, total = _digits_right_by_text(tok, targets, guesses)
+            assert scores.digits_correct[i] == correct
+            assert scores.digits_total[i] == total
             ids = list(prompt)
             for _ in range(evaluate.ANSWER_TOKENS):
                 ids.append(int(evaluate._full_logits(model, torch.tensor([ids]))[0, -1].argmax()))
@@ -246,8 +273,37 @@ def _padded_scoring_matches_one_problem_at_a_time(data_dir):
     assert len(lengths) > 1, lengths  # the batches really mixed lengths
 
 
-def test_padded_scoring_matches_one_problem_at_a_time(gloo, tmp_path):
+@pytest.mark.parametrize("tokenizer", [None, "chunked"])
+def test_padded_scoring_matches_one_problem_at_a_time(gloo, tmp_path, tokenizer):
     from del_megatron.demo.data import prepare
 
-    prepare(str(tmp_path / "data"), num_docs=300, num_eval=24, seed=5)
+    prepare(str(tmp_path / "data"), tokenizer=tokenizer, num_docs=300, num_eval=24, seed=5)
     gloo(2).run(_padded_scoring_matches_one_problem_at_a_time, str(tmp_path / "data"))
+
+
+def test_prepare_chunked_trains_a_tokenizer_that_check_reads_as_chunking(tmp_path, capsys):
+    import del_megatron as dm
+    from del_megatron.demo.compare import parse_arm
+    from del_megatron.demo.config import TrainConfig
+    from del_megatron.demo.data import tokenizer_path
+    from del_megatron.demo.text_tokenizer import TextTokenizer
+    from del_megatron.demo.train import _loss_config
+
+    data = tmp_path / "data"
+    assert main(["prepare", "--out", str(data), "--tokenizer", "chunked", "--num-docs", "200"]) == 0
+    path = tokenizer_path(str(data))
+    assert path.endswith("tokenizer.json")
+    tok = TextTokenizer(path)
+    assert [tok.decode([i]) for i in tok.encode("Q: 12345 + 7 = ")] == (
+        ["Q", ":", " ", "123", "45", " +", " ", "7", " ="] + [" "]
+    )
+    vocab = dm.DigitVocab.from_tokenizer(tok.inner)
+    assert vocab.chunked
+    capsys.readouterr()
+    assert main(["check", "--tokenizer", path]) == 0
+    assert "in chunks of up to three digits" in capsys.readouterr().out
+    # del_single: DEL over the same tokenizer's single-digit tokens only
+    single = _loss_config(TrainConfig("", "", loss="del_single"), vocab)
+    assert single.loss == "del" and single.vocab == vocab.single_digits_only()
+    assert _loss_config(TrainConfig("", "", loss="del"), vocab).vocab == vocab
+    assert parse_arm("del_single").name == "del_single"

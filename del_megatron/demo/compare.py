@@ -16,7 +16,7 @@ from typing import Callable, Dict, Mapping, Sequence
 
 from ..preflight import SENTENCEPIECE, recommended_weight
 from . import report
-from .config import NOT_DEFINING, SCORING, differing_settings
+from .config import NOT_DEFINING, SCORING, SINGLE_DIGIT_DEL, differing_settings
 from .stats import mean_interval, paired_difference
 
 BASELINE = "ce"
@@ -31,6 +31,7 @@ PAPER_WEIGHTS = {
     "ce": 0.0,
     **{loss: recommended_weight(loss, SENTENCEPIECE) for loss in ("del", "ntl_was", "ntl_mse")},
     "dist2": recommended_weight("dist2", SENTENCEPIECE),
+    SINGLE_DIGIT_DEL: recommended_weight("del", SENTENCEPIECE),
 }
 # (key in metrics.json, title, format, higher is better): the demo's held-out metrics, and the
 # final training CE

@@ -8,6 +8,13 @@ from typing import List, Mapping, Sequence
 
 from ..preflight import SENTENCEPIECE
 
+# `--tokenizer chunked`: prepare trains a byte-level BPE that cuts numbers into chunks of up to
+# three digits, with Llama-3's pre-tokenizer (text_tokenizer.train_chunking_bpe).
+CHUNKED = "chunked"
+# The `del_single` loss: DEL on the ten single-digit tokens only (DigitVocab.single_digits_only),
+# what a chunking tokenizer got before DEL had slots; the same as `del` on a one-digit tokenizer.
+SINGLE_DIGIT_DEL = "del_single"
+
 # Ranges of numeric settings: "positive" (> 0) or "non-negative" (>= 0).
 POSITIVE, NON_NEGATIVE = "positive", "non-negative"
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 import numpy as np
 
 from .corpus import read_jsonl, synthetic
-from .text_tokenizer import TextTokenizer, train_sentencepiece
+from .text_tokenizer import CHUNKED, TextTokenizer, train_chunking_bpe, train_sentencepiece
 
 PREFIX = "corpus_text_document"
 
@@ -29,13 +29,15 @@ def prepare(
     """Write out_dir/{corpus_text_document.bin,.idx, eval.jsonl, tokenizer, meta.json}.
 
     corpus: a JSONL file ({"text": ...} per line) or None for the seeded synthetic corpus.
-    tokenizer: a tokenizer file (see del_megatron.tokenizers.load_tokenizer) or None to train
-    a digit-splitting SentencePiece model on the corpus."""
+    tokenizer: a tokenizer file (see del_megatron.tokenizers.load_tokenizer), None to train a
+    digit-splitting SentencePiece model on the corpus, or "chunked" to train a byte-level BPE
+    that cuts numbers into chunks of up to three digits (Llama-3's pre-tokenizer)."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     if corpus is not None and not os.path.isfile(corpus):
         raise FileNotFoundError(f"corpus {corpus!r} does not exist")
-    if tokenizer is not None and not os.path.exists(tokenizer):
+    trained = tokenizer is None or tokenizer == CHUNKED
+    if not trained and not os.path.exists(tokenizer):
         raise FileNotFoundError(f"tokenizer {tokenizer!r} does not exist")
     if corpus is None:
         texts = [p["prompt"] + p["answer"] for p in synthetic(num_docs, seed)]
@@ -46,13 +48,16 @@ def prepare(
     held_out = synthetic(num_eval, seed + 1)
 
     # Read the user's tokenizer where it is, so that an error names their path, not a copy's.
-    tok = None if tokenizer is None else TextTokenizer(tokenizer)
+    tok = None if trained else TextTokenizer(tokenizer)
     created = _first_missing(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".prepare-", dir=out_dir)
     try:
         if tokenizer is None:
             tok = TextTokenizer(train_sentencepiece(texts, os.path.join(staging, "tokenizer")))
+        elif tokenizer == CHUNKED:
+            path = os.path.join(staging, "tokenizer.json")
+            tok = TextTokenizer(train_chunking_bpe(texts, path))
         else:
             copy = shutil.copytree if os.path.isdir(tokenizer) else shutil.copyfile
             copy(tokenizer, os.path.join(staging, os.path.basename(os.path.normpath(tokenizer))))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -24,8 +24,8 @@ METRIC_KEYS = ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error")
 
 @dataclass
 class Scores:
-    """Per held-out problem, in the order given: answer digits predicted right (teacher-forced)
-    and answer digits, exact greedy answer (0/1), |log10 error| of the greedy answer."""
+    """Per held-out problem, in the order given: answer digits predicted right (teacher-forced,
+    digit_hits) and answer digits, exact greedy answer (0/1), |log10 error| of the greedy answer."""
 
     digits_correct: List[int] = field(default_factory=list)
     digits_total: List[int] = field(default_factory=list)
@@ -65,6 +65,22 @@ def _right_padded(rows: List[List[int]], pad: int, width: int) -> torch.Tensor:
     return out
 
 
+def digit_hits(targets: List[int], guesses: List[int], texts: Dict[int, str]) -> Tuple[int, int]:
+    """(digits guessed right, digits) of an answer's number tokens, teacher-forced: the k-th
+    digit of a target number token is right when the token predicted there is a number token
+    whose k-th digit it is (`texts`: the number tokens' text by id). With one digit a token,
+    a digit is right when its token is."""
+    correct = total = 0
+    for target, guess in zip(targets, guesses, strict=True):
+        want = texts.get(target)
+        if want is None:
+            continue
+        got = texts.get(guess, "")
+        total += len(want)
+        correct += sum(a == b for a, b in zip(want, got, strict=False))
+    return correct, total
+
+
 @torch.no_grad()
 def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab) -> Scores:
     """Teacher-forced digit hits on each answer and the greedy-decoded answer of each problem.
@@ -73,7 +89,7 @@ def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab)
     it would have."""
     model.eval()
     n = len(problems)
-    digit_ids = torch.tensor(vocab.digit_ids)
+    texts = dict(vocab.number_tokens())
     scores = Scores([0] * n, [0] * n, [0] * n, [0.0] * n, [""] * n)
     prompts = [tok.encode(p["prompt"]) for p in problems]
     answers = [tok.encode(p["answer"]) for p in problems]
@@ -85,11 +101,9 @@ def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab)
         predicted = _full_logits(model, full).argmax(-1)  # [b, s]
         for row, i in enumerate(rows):
             begin, end = len(prompts[i]), len(seqs[row])
-            targets = full[row, begin:end]
-            is_digit = torch.isin(targets, digit_ids)
-            hits = (predicted[row, begin - 1 : end - 1] == targets) & is_digit
-            scores.digits_correct[i] = int(hits.sum())
-            scores.digits_total[i] = int(is_digit.sum())
+            targets = full[row, begin:end].tolist()
+            guesses = predicted[row, begin - 1 : end - 1].tolist()
+            scores.digits_correct[i], scores.digits_total[i] = digit_hits(targets, guesses, texts)
     order = sorted(range(n), key=lambda i: len(prompts[i]))
     for start in range(0, n, EVAL_BATCH):
         rows = order[start : start + EVAL_BATCH]

@@ -7,6 +7,14 @@ import os
 from typing import List
 
 from ..tokenizers import load_tokenizer, token_codec
+from .config import CHUNKED  # noqa: F401  (the name prepare takes for train_chunking_bpe)
+
+# Llama-3's pre-tokenizer: its `\p{N}{1,3}` cuts numbers into chunks of up to three digits,
+# left to right.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 class TextTokenizer:
@@ -58,3 +66,28 @@ def train_sentencepiece(texts: List[str], out_prefix: str, vocab_size: int = 320
     )
     os.remove(corpus)
     return out_prefix + ".model"
+
+
+def train_chunking_bpe(texts: List[str], path: str, vocab_size: int = 1700) -> str:
+    """A byte-level BPE with Llama-3's pre-tokenizer, trained on `texts` and on every number
+    0..999 (leading zeros too) so that all 1,110 number tokens are learnt; written as a
+    tokenizer.json at `path`, which is returned."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    numbers = [f"{i:03d} {i:02d} {i}" for i in range(1000)] + [f"{i:02d}" for i in range(100)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(numbers * 3 + list(texts), trainer)
+    tok.save(path)
+    return path

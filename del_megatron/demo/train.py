@@ -16,7 +16,7 @@ import del_megatron as dm
 
 from .. import cpu
 from .. import megatron as dmm
-from .config import TrainConfig, differing_settings
+from .config import SINGLE_DIGIT_DEL, TrainConfig, differing_settings
 from .data import build_train_dataset, load_eval, tokenizer_path
 from .evaluate import curve_point, curve_steps, score, summarize
 from .text_tokenizer import TextTokenizer
@@ -46,6 +46,13 @@ def _build_model(cfg: TrainConfig, vocab_size: int):
         max_sequence_length=cfg.seq_len * 2,
         position_embedding_type="rope",
     )
+
+
+def _loss_config(cfg: TrainConfig, vocab: dm.DigitVocab) -> dm.NumericalLossConfig:
+    """The run's loss; `del_single` is DEL over the single-digit tokens of `vocab` only."""
+    if cfg.loss == SINGLE_DIGIT_DEL:
+        return dm.NumericalLossConfig(loss="del", alpha=cfg.alpha, vocab=vocab.single_digits_only())
+    return dm.NumericalLossConfig(loss=cfg.loss, alpha=cfg.alpha, vocab=vocab)
 
 
 def _batch(dataset, step: int, micro_batch: int):
@@ -151,7 +158,7 @@ def train(cfg: TrainConfig) -> None:
     tok = TextTokenizer(tokenizer_path(cfg.data_dir))
     vocab = dm.DigitVocab.from_tokenizer(tok.inner)
     model = _build_model(cfg, tok.vocab_size)
-    dmm.register(dm.NumericalLossConfig(loss=cfg.loss, alpha=cfg.alpha, vocab=vocab))
+    dmm.register(_loss_config(cfg, vocab))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     scheduler = _lr_scheduler(optimizer, cfg)
     dataset = build_train_dataset(
