@@ -208,13 +208,13 @@ def _digits_right_by_text(tok, targets, guesses):
     """(digits right, digits) of the target tokens that read as 1-3 ASCII digits: each digit
     compared with the guessed token's text at the same place (decoded, not looked up)."""
     correct = total = 0
-    for target, guess in zip(targets, guesses):
+    for target, guess in zip(targets, guesses, strict=True):
         want, got = tok.decode([target]), tok.decode([guess])
         if not (want.isascii() and want.isdigit() and len(want) <= 3):
             continue
         got = got if got.isascii() and got.isdigit() else ""
         total += len(want)
-        correct += sum(a == b for a, b in zip(want, got))
+        correct += sum(a == b for a, b in zip(want, got, strict=False))
     return correct, total
 
 
