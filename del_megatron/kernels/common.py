@@ -61,6 +61,13 @@ class VocabShard:
             dist.all_reduce(tensor, op=op, group=self.group)
 
 
+# Above this many number-token columns (a chunking vocab's 1,110) a shard's columns are read
+# with a row-wise gather and written with index_put_: on a CPU these take about half the time of
+# index_select / index_copy_ along the last dim of [N, V/tp] logits; for ten digits the latter
+# are the faster ones.
+MANY_COLUMNS = 64
+
+
 @dataclass(frozen=True)
 class DigitColumns:
     """The number tokens whose ids fall in this shard: their places k in the vocab's
@@ -87,7 +94,10 @@ class DigitColumns:
 
     def read(self, logits: torch.Tensor) -> torch.Tensor:
         """[N, k] this shard's digit logits (their columns of logits [N, V/tp])."""
-        return logits.index_select(-1, self.index(logits.device)[1])
+        columns = self.index(logits.device)[1]
+        if len(self.columns) > MANY_COLUMNS:
+            return logits.gather(-1, columns.expand(logits.size(0), -1))
+        return logits.index_select(-1, columns)
 
     def write_into(self, packed_digits: torch.Tensor, logits: torch.Tensor) -> None:
         """packed_digits [N, width] (zeros) gets this shard's digit logits at their digits."""
@@ -107,7 +117,12 @@ class DigitColumns:
 
     def set_gradient_(self, grad: torch.Tensor, values: torch.Tensor) -> None:
         """grad [N, V/tp] at this shard's digit columns becomes values [N, k]."""
-        grad.index_copy_(-1, self.index(grad.device)[1], values.to(grad.dtype))
+        columns = self.index(grad.device)[1]
+        if len(self.columns) > MANY_COLUMNS:
+            rows = torch.arange(grad.size(0), device=grad.device).unsqueeze(-1)
+            grad.index_put_((rows, columns), values.to(grad.dtype))
+        else:
+            grad.index_copy_(-1, columns, values.to(grad.dtype))
 
     def within(self, start: int, end: int) -> DigitColumns:
         """The digits among local columns [start, end), numbered from start (a vocab tile)."""
