@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import del_megatron as dm
+from del_megatron.demo.text_tokenizer import LLAMA3_PATTERN
 from del_megatron.tokenizers import load_tokenizer
 
 MISTRAL_DATA = Path(importlib.util.find_spec("mistral_common").origin).parent / "data"
@@ -18,10 +19,6 @@ LLAMA3_TOKENIZER = (
 )
 # Llama-3's pre-tokenizer regex (its tokenizer.json's Split), the one cl100k and o200k share
 # for numbers: \p{N}{1,3}.
-LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 CORPUS = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, e is 2.71828, x{i % 10}y" for i in range(3000)]
 
 

@@ -12,8 +12,9 @@ from typing import List, Optional
 
 import numpy as np
 
+from .config import CHUNKED
 from .corpus import read_jsonl, synthetic
-from .text_tokenizer import CHUNKED, TextTokenizer, train_chunking_bpe, train_sentencepiece
+from .text_tokenizer import TextTokenizer, train_chunking_bpe, train_sentencepiece
 
 PREFIX = "corpus_text_document"
 

@@ -7,7 +7,6 @@ import os
 from typing import List
 
 from ..tokenizers import load_tokenizer, token_codec
-from .config import CHUNKED  # noqa: F401  (the name prepare takes for train_chunking_bpe)
 
 # Llama-3's pre-tokenizer: its `\p{N}{1,3}` cuts numbers into chunks of up to three digits,
 # left to right.
