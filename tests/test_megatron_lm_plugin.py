@@ -11,7 +11,10 @@ import torch
 
 import del_megatron as dm
 from del_megatron import megatron as dmm
+from del_megatron.loss import loss_parts
 from del_megatron.megatron import lm, telemetry
+from del_megatron.megatron.accounting import DigitAccounting
+from del_megatron.reference import reference_lm_loss
 
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
 from .megatron_workers import _ToyDigitTokenizer
@@ -75,6 +78,74 @@ def test_install_wraps_loss_func_and_forward_step_once():
     assert module.forward_step(iter([7]), "model") == (7, "model")
 
 
+# ids 0..9 digits, 10 '.', vocab 16
+VOCAB = dm.DigitVocab(range(10), [10])
+
+
+def _micro_batch(labels, mask, seed):
+    logits = torch.randn(
+        len(labels[0]), 1, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
+    )
+    return {"labels": torch.tensor(labels), "loss_mask": torch.tensor(mask), "logits": logits}
+
+
+def test_the_drop_in_over_a_patched_pretrain_gpt_wraps_and_counts_once():
+    """lm.install over a pretrain_gpt.py our patch already wrapped (the Docker image's tree, run
+    with the drop-in): loss_func keeps its one wrapper, forward_step's iterator is counted once a
+    step, and the "digit" reduction gives mean CE + alpha x the step's term / its digits."""
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction="digit")
+    counts = []
+
+    class Counting(DigitAccounting):
+        def count(self, batches, microbatches=None):
+            counts.append(len(batches))  # one all-reduce of the step's counts each
+            super().count(batches, microbatches)
+
+    module = types.SimpleNamespace()
+
+    def forward_step(data_iterator, model):  # the patched pretrain_gpt.forward_step
+        data_iterator = lm.counted(data_iterator, model)
+        batch = next(data_iterator)
+        parts = loss_parts(batch["labels"], batch["logits"], dm.NumericalLossConfig(vocab=VOCAB))
+        output = parts.token_loss(cfg.alpha)
+        telemetry.record(output, parts, cfg)  # as the loss hook does
+        return output, partial(module.loss_func, batch["loss_mask"], model=model)
+
+    patched_loss_func = lm.make_loss_func(telemetry._plain_loss_func)
+    module.loss_func, module.forward_step = patched_loss_func, forward_step
+    lm.install(module)
+
+    # '3', '1', 'x', '7' (7 masked): 3 tokens, 2 digits; 'x', '5', 'y', 'z': 4 tokens, 1 digit.
+    batches = [
+        _micro_batch([[3, 1, 12, 7]], [[1.0, 1.0, 1.0, 0.0]], seed=1),
+        _micro_batch([[12, 5, 13, 14]], [[1.0, 1.0, 1.0, 1.0]], seed=2),
+    ]
+    groups = types.SimpleNamespace(dp=None, dp_cp=None, tp=None)
+    model = types.SimpleNamespace(pg_collection=groups)
+    dmm.register(cfg, step_accounting=lambda model: Counting(VOCAB, num_microbatches=2))
+    try:
+        data, step_loss = iter(batches), 0.0
+        for _ in batches:
+            output, loss_func = module.forward_step(data, model)
+            loss, num_tokens, _ = loss_func(output)
+            step_loss += loss.item() / num_tokens.item() / len(batches)  # Megatron's normaliser
+    finally:
+        dmm.unregister()
+    assert module.loss_func is patched_loss_func and module.forward_step is not forward_step
+    assert counts == [2]
+
+    # By hand: Megatron's mean CE of each micro-batch over 2 micro-batches, plus alpha times
+    # the step's summed term over its 3 digit targets.
+    ce_part, term_sum = 0.0, 0.0
+    for batch in batches:
+        ce, term = reference_lm_loss(batch["labels"], batch["logits"], VOCAB, loss="del")
+        mask = batch["loss_mask"].double()
+        ce_part += (ce * mask).sum().item() / mask.sum().item() / len(batches)
+        term_sum += (term * mask).sum().item()
+    assert term_sum > 0
+    assert step_loss == pytest.approx(ce_part + cfg.alpha * term_sum / 3, rel=1e-6)
+
+
 def check_counted_makes_the_step_accounting_on_the_first_step_only():
     made = []
 
@@ -93,6 +164,7 @@ def check_counted_makes_the_step_accounting_on_the_first_step_only():
         data = iter([1, 2])
         counted = lm.counted(data, "model")
         assert lm.counted(data, "model") is counted and made == ["model"]
+        assert lm.counted(counted, "model") is counted  # counted once, however often passed
         assert list(counted) == [("counted", 1), ("counted", 2)]
     finally:
         dmm.unregister()

@@ -8,7 +8,8 @@
   step-wide "digit" reduction (unchanged otherwise).
 - `wrap_model_provider` (core <= 0.17's pretrain(extra_args_provider=...)): registers from the
   flags once Megatron has built the tokenizer, and records the settings on the model config.
-- `install(pretrain_gpt)` (the drop-in): wraps the module's loss_func and forward_step.
+- `install(pretrain_gpt)` (the drop-in): wraps the module's loss_func and forward_step, once
+  (also over a pretrain_gpt.py our patch already wrapped).
 - `help_with_flags(extra)`: `--help` lists the DEL flags (inprocess_restart parses first).
 - `destroy_process_groups()`: after pretrain() returns, so that the process exits cleanly.
 """
@@ -31,7 +32,7 @@ from .args import add_arguments, chain_extra_args, config_from_args, set_config_
 from .hook import check_model_config, register
 from .logits_free import weight_gradient_of
 from .support import check_settings
-from .telemetry import make_loss_func
+from .telemetry import WRAPPED, make_loss_func
 
 # What the patched pretrain_gpt.py uses (one import: `from del_megatron.megatron import lm`).
 __all__ = [
@@ -126,6 +127,7 @@ def _current_accounting(registration: state.Registration, model: Any) -> Optiona
         registration.accounting = registration.make_accounting(model)
         registration.accounting_groups = groups
         registration.counted.clear()
+        registration.produced.clear()
     return registration.accounting
 
 
@@ -141,9 +143,14 @@ def counted(
     tensor-parallel ranks without data receive the counts), and checked against the model's
     process groups when an iterator or a model is new, not on every micro-batch.
     eval_microbatches: an evaluation step's micro-batch count (an int or a function), when the
-    accounting does not know it (Bridge's is in its state)."""
+    accounting does not know it (Bridge's is in its state). An iterator this function returned
+    comes back unchanged, so stacked calls (the drop-in over a patched pretrain_gpt.py) count a
+    step once."""
     registration = state.current()
     if registration is None:
+        return data_iterator
+    if data_iterator is not None and registration.produced.get(id(data_iterator)) is data_iterator:
+        # Already counted: the drop-in's forward_step wrapper around a patched forward_step.
         return data_iterator
     key = id(data_iterator)
     known = registration.counted.get(key)
@@ -163,6 +170,7 @@ def counted(
             microbatches = eval_microbatches or getattr(accounting, "eval_microbatches", None)
         known = (data_iterator, accounting.wrap(data_iterator, microbatches))
         registration.counted[key] = known
+        registration.produced[id(known[1])] = known[1]
     return known[1]
 
 
@@ -227,19 +235,19 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
 
 def install(pretrain_gpt: Any) -> None:
     """Wrap `pretrain_gpt.loss_func` in place (forward_step looks it up there) and
-    `pretrain_gpt.forward_step` so that its data iterator is counted. Idempotent."""
-    if not getattr(pretrain_gpt.loss_func, "_del_megatron", False):
-        wrapped = make_loss_func(pretrain_gpt.loss_func)
-        wrapped._del_megatron = True
-        pretrain_gpt.loss_func = wrapped
-    if not getattr(pretrain_gpt.forward_step, "_del_megatron", False):
+    `pretrain_gpt.forward_step` so that its data iterator is counted. Idempotent, and harmless
+    on a pretrain_gpt.py that our patch already wrapped: its loss_func is left as it is (a
+    second wrapper would not find the loss the first one reduced), and its forward_step's own
+    counted() passes the iterator counted here through."""
+    pretrain_gpt.loss_func = make_loss_func(pretrain_gpt.loss_func)
+    if not getattr(pretrain_gpt.forward_step, WRAPPED, False):
         forward_step = pretrain_gpt.forward_step
 
         @functools.wraps(forward_step)
         def counted_forward_step(data_iterator, model, *args, **kwargs):
             return forward_step(counted(data_iterator, model), model, *args, **kwargs)
 
-        counted_forward_step._del_megatron = True
+        setattr(counted_forward_step, WRAPPED, True)
         pretrain_gpt.forward_step = counted_forward_step
 
 

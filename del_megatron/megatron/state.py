@@ -35,6 +35,8 @@ class Registration:
     first training step (None: the "digit" reduction is per micro-batch, or not used).
     logits_free: GPTModel computes the loss from the output layer's input (logits_free.py):
     True, or the weight gradient's route ("auto", "forward", "backward").
+    counted: each data iterator lm.counted has wrapped (by id) -> (it, its counted iterator);
+    produced: those counted iterators (by id), which lm.counted passes through unchanged.
     accounting_groups: the process groups the accounting was made with; counted_models: the
     models lm.counted has seen (by id); checked_models: the models whose configuration the loss
     hook has checked (by id). cp_balancing: how the data pipeline cuts a packed batch over the
@@ -46,6 +48,7 @@ class Registration:
     accounting: Optional[DigitAccounting] = None
     records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)
+    produced: Dict[int, Iterator] = field(default_factory=dict)
     logged: Set[str] = field(default_factory=set)
     accounting_groups: Tuple[Any, ...] = ()
     counted_models: Dict[int, Any] = field(default_factory=dict)

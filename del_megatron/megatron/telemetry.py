@@ -106,6 +106,9 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
     }
 
 
+# Marks the functions make_loss_func (and lm.install's forward_step wrapper) made.
+WRAPPED = "_del_megatron"
+
 NOT_RECORDED = (
     "del_megatron: the loss function got a loss that del_megatron's hook did not compute, in a "
     "run registered for the numerical loss {loss!r}: the model computed it another way (a fused "
@@ -166,7 +169,11 @@ def apply_to_loss(
 
 def make_loss_func(base_loss_func: Callable) -> Callable:
     """Wrap a Megatron-LM loss_func(loss_mask, output_tensor, model=None) -> (loss_sum,
-    num_tokens, report) with the "digit" reduction and the telemetry (see apply_to_loss)."""
+    num_tokens, report) with the "digit" reduction and the telemetry (see apply_to_loss). A
+    loss_func this function made is returned as it is: wrapped twice, the outer wrapper would
+    hand the inner one a reduced loss that no record matches."""
+    if getattr(base_loss_func, WRAPPED, False):
+        return base_loss_func
 
     def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model=None, **kwargs):
         return apply_to_loss(
@@ -176,6 +183,7 @@ def make_loss_func(base_loss_func: Callable) -> Callable:
             model,
         )
 
+    setattr(loss_func, WRAPPED, True)
     return loss_func
 
 
