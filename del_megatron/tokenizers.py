@@ -34,6 +34,16 @@ CHUNK_PROBES = {
 
 def token_codec(tok: Any) -> Tuple[Callable[[str], List[int]], Callable[[int], str]]:
     """(encode text -> ids without special tokens, decode one id -> text) for `tok`."""
+    encode, decode = _codec(tok)
+    # Megatron's HuggingFaceTokenizer encodes with the tokenizer's special tokens (Llama-3's
+    # <|begin_of_text|> before every text): the ids it gives the empty text are no text's own.
+    added = set(encode(""))
+    if added:
+        return (lambda text: [i for i in encode(text) if i not in added]), decode
+    return encode, decode
+
+
+def _codec(tok: Any) -> Tuple[Callable[[str], List[int]], Callable[[int], str]]:
     if hasattr(tok, "encode_ordinary") and hasattr(tok, "decode_single_token_bytes"):  # tiktoken
         return tok.encode_ordinary, lambda i: tok.decode_single_token_bytes(i).decode(
             "utf-8", errors="replace"

