@@ -239,46 +239,179 @@ def run_fp64_weight_gradient(hidden, weight, labels, mask, upstream):
     return w.grad
 
 
-def test_the_sink_product_takes_an_fp32_output_gemm_where_the_device_has_one(monkeypatch):
-    """exact_product_route: bf16/fp16 operands into an fp32 accumulator take one GEMM with
-    fp32 output on a device that has it (probed once: CUDA builds of recent torch), else they
-    are upcast (every CPU); _add_product_ then multiplies the bf16 operands as they are. The
-    GEMM is emulated here (no CPU kernel exists), the probe forced."""
+def _fused_wgrad_stand_in(calls: list):
+    """What apex's fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 does (a cuBLAS GEMM with
+    fp32 compute and beta = 1, row-major operands): d_weight [out, in] += d_output [n, out]^T @
+    input [n, in], formed in fp32; records each call's dtypes and contiguity."""
+    import types
+
+    def wgrad_gemm_accum_fp32(input, d_output, d_weight):
+        calls.append((input.dtype, d_output.dtype, d_weight.dtype, input.is_contiguous()))
+        assert d_output.is_contiguous() and d_weight.is_contiguous()
+        d_weight.add_(torch.matmul(d_output.t().float(), input.float()))
+
+    module = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
+    return module
+
+
+def _install_fused_wgrad(monkeypatch, calls: list, device_types=("cuda", "cpu")) -> None:
+    """The stand-in importable as Megatron imports it, and (tests only) handed CPU tensors."""
+    import sys
+
+    from del_megatron.kernels import linear
+
+    monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", _fused_wgrad_stand_in(calls))
+    monkeypatch.setattr(
+        linear, "_fused_wgrad", getattr(linear, "_NOT_IMPORTED", None), raising=False
+    )
+    monkeypatch.setattr(linear, "FUSED_WGRAD_DEVICE_TYPES", device_types, raising=False)
+
+
+def test_the_exact_product_takes_the_fastest_route_the_device_has(monkeypatch):
+    """exact_product_route: bf16/fp16 operands into an fp32 accumulator take Megatron's fused
+    weight-gradient extension where it imports (CUDA only), else one in-place
+    addmm(..., out_dtype=float32), else torch.mm(..., out_dtype=float32) in slices, else the
+    operands upcast (every CPU); each probe runs once per device. Each route adds the same
+    product as the fp64 one (the GEMMs are emulated on the CPU: no CPU kernel exists)."""
     from del_megatron.kernels import linear
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert linear.exact_product_route(cpu, torch.bfloat16, torch.float32) == "upcast"
     assert linear._probe_fp32_output_gemm(cpu) is False  # torch has no CPU kernel for it
+    assert linear._probe_fp32_output_addmm(cpu) is False
     probed = []
     monkeypatch.setattr(linear, "_FP32_OUTPUT_GEMM", {})
+    monkeypatch.setattr(linear, "_FP32_OUTPUT_ADDMM", {})
     monkeypatch.setattr(linear, "_probe_fp32_output_gemm", lambda d: probed.append(d) or True)
+    monkeypatch.setattr(linear, "_probe_fp32_output_addmm", lambda d: probed.append(d) or False)
     for _ in range(2):
         assert linear.exact_product_route(cuda, torch.bfloat16, torch.float32) == (
             "fp32-output GEMM"
         )
-    assert probed == [cuda]  # once per device
+    assert probed == [cuda, cuda]  # each probe once per device
     assert linear.exact_product_route(cuda, torch.float16, torch.float32) == "fp32-output GEMM"
     assert linear.exact_product_route(cuda, torch.float32, torch.float32) == "upcast"
     assert linear.exact_product_route(cuda, torch.bfloat16, torch.float64) == "upcast"
+    monkeypatch.setattr(linear, "_FP32_OUTPUT_ADDMM", {cuda: True})
+    assert linear.exact_product_route(cuda, torch.bfloat16, torch.float32) == "fp32-output addmm"
+    calls = []
+    _install_fused_wgrad(monkeypatch, calls, device_types=("cuda",))
+    assert linear.exact_product_route(cuda, torch.bfloat16, torch.float32) == "fused wgrad GEMM"
+    assert linear.exact_product_route(cpu, torch.bfloat16, torch.float32) == "upcast"
 
     gen = torch.Generator().manual_seed(4)
-    a = torch.randn(300, 64, generator=gen).bfloat16()
+    grad = torch.randn(64, 300, generator=gen).bfloat16()  # [tokens, V/tp], a = grad.t()
     b = torch.randn(64, 48, generator=gen).bfloat16()
     start = torch.randn(300, 48, generator=gen)
-    want = start.double() + a.double() @ b.double()
-    upcast = start.clone()
-    linear._add_product_(upcast, a, b, exact=True)
+    want = start.double() + grad.t().double() @ b.double()
+    results = {}
+    for route in ("upcast", "fused wgrad GEMM"):
+        monkeypatch.setattr(linear, "exact_product_route", lambda *a, route=route: route)
+        results[route] = start.clone()
+        linear._add_product_(results[route], grad.t(), b, exact=True)
+    assert calls == [(torch.bfloat16, torch.bfloat16, torch.float32, True)]
     seen, real_mm = [], torch.mm
 
     def mm(x, y, out_dtype=None):
-        seen.append((x.dtype, y.dtype, out_dtype))
+        seen.append(("mm", x.dtype, y.dtype, out_dtype))
         return real_mm(x.to(out_dtype), y.to(out_dtype))
 
-    monkeypatch.setattr(linear, "exact_product_route", lambda *a: "fp32-output GEMM")
+    def addmm(acc, x, y, out_dtype=None, out=None):
+        seen.append(("addmm", x.dtype, y.dtype, out_dtype, out is acc))
+        return out.add_(real_mm(x.to(out_dtype), y.to(out_dtype)))
+
     monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch, "addmm", addmm)
     monkeypatch.setattr(linear, "WEIGHT_SLICE_BYTES", 48 * 4 * 100)  # 3 slices of 100 rows
-    fused = start.clone()
-    linear._add_product_(fused, a, b, exact=True)
-    assert seen == [(torch.bfloat16, torch.bfloat16, torch.float32)] * 3
-    for got in (upcast, fused):
-        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-5)
+    for route in ("fp32-output GEMM", "fp32-output addmm"):
+        monkeypatch.setattr(linear, "exact_product_route", lambda *a, route=route: route)
+        results[route] = start.clone()
+        linear._add_product_(results[route], grad.t(), b, exact=True)
+    assert seen == [("mm", torch.bfloat16, torch.bfloat16, torch.float32)] * 3 + [
+        ("addmm", torch.bfloat16, torch.bfloat16, torch.float32, True)
+    ]
+    for route, got in results.items():
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-5, msg=route)
+
+
+class _Gemms(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the GEMMs dispatched (aten mm/addmm, any overload)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _main_grad_forward_route(hidden, weight, labels, accumulator, chunk_tokens=None):
+    """numerical_linear_loss on the "forward" route with an fp32 main_grad sink, forward and
+    backward, under a loss mask of ones; the GEMMs counted in forward."""
+    from del_megatron.kernels.linear import WeightGradientSink, weight_gradient_into
+
+    mask = torch.ones(labels.shape)
+    sink = WeightGradientSink(weight, accumulator, lambda: None)
+    with _Gemms() as gemms, weight_gradient_into(sink):
+        loss = dm.numerical_linear_loss(
+            hidden, weight, labels, CFG, loss_mask=mask, weight_gradient="forward",
+            chunk_tokens=chunk_tokens, validate=False,
+        )  # fmt: skip
+    (loss * mask).sum().backward()
+    return gemms.count
+
+
+@pytest.mark.parametrize("route", ["fused wgrad GEMM", "fp32-output addmm"])
+def test_the_forward_routes_fp32_main_grad_product_is_one_gemm_per_token_chunk(monkeypatch, route):
+    """Audit G3: on the "forward" route the exact (fp32 main_grad) weight-gradient product of a
+    token chunk is one GEMM adding into the fp32 accumulator, as Megatron's fused
+    wgrad_gemm_accum_fp32 is one per micro-batch, not one GEMM and one add per 8 MiB slice (75
+    pairs a chunk at TP 4, V 151936, h 4096). Counted under FakeTensorMode at that shape (N
+    16384: 10 chunks); the fused extension is a stand-in and the in-place addmm the fake's meta
+    kernel (CUDA-only in torch). Per chunk: the logits, grad_hidden and that one product."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from del_megatron.kernels import linear
+
+    calls = []
+    if route == "fused wgrad GEMM":
+        _install_fused_wgrad(monkeypatch, calls)
+    else:
+        monkeypatch.setattr(linear, "fp32_output_addmm", lambda device: True, raising=False)
+        monkeypatch.setattr(linear, "exact_product_route", lambda *a: route)
+    tokens, local_vocab, h = 16384, 151936 // 4, 4096
+    chunks = -(-tokens // linear.default_chunk_tokens(local_vocab, tokens))
+    with FakeTensorMode():
+        hidden = torch.empty(tokens, 1, h, dtype=torch.bfloat16).requires_grad_(True)
+        weight = torch.empty(local_vocab, h, dtype=torch.bfloat16).requires_grad_(True)
+        labels = torch.zeros(1, tokens, dtype=torch.long)
+        gemms = _main_grad_forward_route(hidden, weight, labels, torch.zeros(local_vocab, h))
+    assert chunks == 10
+    assert gemms == 3 * chunks, gemms  # with the fused stand-in, its own GEMM among them
+    if route == "fused wgrad GEMM":
+        assert len(calls) == chunks + 1, calls  # and one in backward: the digit columns
+
+
+def test_the_fused_main_grad_product_is_exact(monkeypatch):
+    """With the fused extension (stand-in) the forward route's main_grad gets the fp32 product
+    of the same bf16 gradient of the logits: closer to the fp64 gradient than the bf16 one
+    autograd returns, as on the upcast route."""
+    calls = []
+    _install_fused_wgrad(monkeypatch, calls)
+    gen = torch.Generator().manual_seed(11)
+    hidden = torch.randn(16, 3, 32, generator=gen).bfloat16()
+    weight = (torch.randn(PADDED_VOCAB_SIZE, 32, generator=gen) / 4).bfloat16()
+    labels = torch.randint(0, PADDED_VOCAB_SIZE, (3, 16), generator=gen)
+    accumulator = torch.zeros(weight.shape)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    _main_grad_forward_route(h, w, labels, accumulator, chunk_tokens=10)
+    assert len(calls) == 5 + 1  # one per chunk of 10 of the 48 tokens, one for the digits
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss = dm.numerical_linear_loss(h, w, labels, CFG, loss_mask=torch.ones(3, 16))
+    loss.sum().backward()
+    exact = run_fp64_weight_gradient(hidden, weight, labels, torch.ones(3, 16), torch.ones(3, 16))
+    ours, rounded = (accumulator - exact).abs().max(), (w.grad.double() - exact).abs().max()
+    assert ours < rounded, (ours, rounded)

@@ -23,8 +23,9 @@ large beside V/tp; resolve_weight_gradient).
 A caller that keeps its own fp32 gradient accumulator for the weight (Megatron's main_grad under
 gradient-accumulation fusion) hands it over with `weight_gradient_into(...)`: backward then adds
 the weight's gradient there, its products formed in the accumulator's dtype (never rounded to the
-weight's: one GEMM with fp32 output where the device has it, exact_product_route), and returns
-what the caller's protocol asks for in place of the gradient.
+weight's) and added by one GEMM a token chunk where the device has one: Megatron's fused
+wgrad_gemm_accum_fp32 where it imports, else torch.addmm(..., out_dtype=float32) in place
+(exact_product_route). It returns what the caller's protocol asks for in place of the gradient.
 
 Per chunk the collectives are those of the recompute kernel (the shard-size check rides on the
 first chunk's MAX); backward adds one SUM all-reduce of grad_hidden [N, h] over the
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 from dataclasses import replace
 from typing import Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
@@ -384,8 +386,34 @@ def _by_tile(
 
 
 # device -> whether torch.mm(..., out_dtype=torch.float32) multiplies half-precision operands
-# there (fp32_output_gemm).
+# there (fp32_output_gemm), and whether torch.addmm(..., out_dtype=torch.float32, out=acc) adds
+# such a product into an fp32 accumulator in place (fp32_output_addmm).
 _FP32_OUTPUT_GEMM: Dict[torch.device, bool] = {}
+_FP32_OUTPUT_ADDMM: Dict[torch.device, bool] = {}
+
+# Device types on which Megatron's fused weight-gradient extension (apex's
+# fused_weight_gradient_mlp_cuda, a cuBLAS GEMM with beta = 1) may be handed tensors.
+FUSED_WGRAD_DEVICE_TYPES: Tuple[str, ...] = ("cuda",)
+FUSED_WGRAD_MODULE = "fused_weight_gradient_mlp_cuda"
+_NOT_IMPORTED = object()
+_fused_wgrad: object = _NOT_IMPORTED
+
+# On CUDA a product is formed this much at a time where no fused route exists (each piece is a
+# GEMM and an add launched from the host; a few MiB each would be launch-bound).
+CUDA_SLICE_BYTES = 256 * 2**20
+
+
+def fused_wgrad_module() -> Optional[object]:
+    """Megatron's fused weight-gradient extension (fused_weight_gradient_mlp_cuda, from apex, as
+    megatron.core.tensor_parallel.layers imports it), or None where it does not import. Imported
+    once per process."""
+    global _fused_wgrad
+    if _fused_wgrad is _NOT_IMPORTED:
+        try:
+            _fused_wgrad = importlib.import_module(FUSED_WGRAD_MODULE)
+        except ImportError:
+            _fused_wgrad = None
+    return _fused_wgrad
 
 
 def _probe_fp32_output_gemm(device: torch.device) -> bool:
@@ -399,65 +427,138 @@ def _probe_fp32_output_gemm(device: torch.device) -> bool:
     return product.dtype == torch.float32
 
 
-def fp32_output_gemm(device: torch.device) -> bool:
-    """Whether `device` multiplies bf16/fp16 operands into an fp32 product in one GEMM
-    (torch.mm's out_dtype: CUDA builds of recent torch; never on a CPU). Probed once per
-    device (not while tensors are fake or traced: those calls probe and keep nothing)."""
+def _probe_fp32_output_addmm(device: torch.device) -> bool:
+    """One tiny torch.addmm(acc, bf16, bf16, out_dtype=float32, out=acc) on `device`, its result
+    read once (a host sync, once per device): False where torch refuses an fp32 accumulator
+    beside bf16 operands (older CUDA builds ask self to share the operands' dtype) or does not
+    add in place."""
+    ones = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
+    # 1 + 2**-12 is an fp32 value bf16 cannot hold: a product rounded through bf16 shows.
+    accumulator = torch.full((16, 16), 1 + 2**-12, dtype=torch.float32, device=device)
+    try:
+        torch.addmm(accumulator, ones, ones, out_dtype=torch.float32, out=accumulator)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return bool(torch.all(accumulator == 17 + 2**-12))
+
+
+def _probed(
+    cache: Dict[torch.device, bool], device: torch.device, probe: Callable, reads_values: bool
+) -> bool:
+    """probe(device) for a CUDA device, once per device; False off CUDA. While tensors are fake
+    or traced nothing is kept, and a probe that reads values is not run (False), nor while a
+    CUDA graph is captured."""
     if device.type != "cuda":
         return False
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    known = _FP32_OUTPUT_GEMM.get(device)
+    known = cache.get(device)
     if known is None:
         from torch._guards import detect_fake_mode
 
-        known = _probe_fp32_output_gemm(device)
-        if detect_fake_mode() is None and not torch.compiler.is_compiling():
-            _FP32_OUTPUT_GEMM[device] = known
+        if detect_fake_mode() is not None or torch.compiler.is_compiling():
+            return False if reads_values else probe(device)
+        if reads_values and torch.cuda.is_current_stream_capturing():
+            return False
+        known = cache[device] = probe(device)
     return known
+
+
+def fp32_output_gemm(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16/fp16 operands into an fp32 product in one GEMM
+    (torch.mm's out_dtype: CUDA builds of torch >= 2.8; never on a CPU). Probed once per
+    device."""
+    return _probed(_FP32_OUTPUT_GEMM, device, _probe_fp32_output_gemm, reads_values=False)
+
+
+def fp32_output_addmm(device: torch.device) -> bool:
+    """Whether `device` adds the fp32 product of bf16/fp16 operands into an fp32 accumulator in
+    one in-place GEMM (torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc): CUDA builds
+    of recent torch; never on a CPU). Probed once per device."""
+    return _probed(_FP32_OUTPUT_ADDMM, device, _probe_fp32_output_addmm, reads_values=True)
+
+
+# The exact routes of _add_product_, fastest first.
+FUSED_WGRAD = "fused wgrad GEMM"
+FP32_OUTPUT_ADDMM = "fp32-output addmm"
+FP32_OUTPUT_GEMM = "fp32-output GEMM"
+UPCAST = "upcast"
 
 
 def exact_product_route(
     device: torch.device, operand_dtype: torch.dtype, accumulator_dtype: torch.dtype
 ) -> str:
-    """How a product of `operand_dtype` operands is formed in `accumulator_dtype` (the exact
-    path of _add_product_): "fp32-output GEMM" (bf16/fp16 operands straight into an fp32
-    product, as Megatron's fused weight-gradient accumulation does, at bf16 GEMM speed), or
-    "upcast" (the operands converted to the accumulator's dtype first, an fp32 GEMM)."""
+    """How a product of `operand_dtype` operands is added to an `accumulator_dtype` accumulator
+    when it must be formed in the accumulator's dtype (the exact path of _add_product_):
+    - "fused wgrad GEMM": bf16/fp16 into fp32 by Megatron's fused extension
+      (fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32, as Megatron's own layers do under
+      gradient-accumulation fusion): one GEMM adding into the accumulator;
+    - "fp32-output addmm": the same by torch.addmm(..., out_dtype=torch.float32) in place;
+    - "fp32-output GEMM": the product formed by torch.mm(..., out_dtype=torch.float32) in
+      slices, each added;
+    - "upcast": the operands converted to the accumulator's dtype first (in slices)."""
     half = operand_dtype in (torch.bfloat16, torch.float16)
-    if half and accumulator_dtype == torch.float32 and fp32_output_gemm(device):
-        return "fp32-output GEMM"
-    return "upcast"
+    if not (half and accumulator_dtype == torch.float32):
+        return UPCAST
+    if device.type in FUSED_WGRAD_DEVICE_TYPES and fused_wgrad_module() is not None:
+        return FUSED_WGRAD
+    return _unfused_route(device)
+
+
+def _unfused_route(device: torch.device) -> str:
+    """exact_product_route for bf16/fp16 operands into fp32, without the fused extension."""
+    if fp32_output_addmm(device):
+        return FP32_OUTPUT_ADDMM
+    if fp32_output_gemm(device):
+        return FP32_OUTPUT_GEMM
+    return UPCAST
 
 
 def _exact_operand(b: torch.Tensor, accumulator_dtype: torch.dtype) -> torch.Tensor:
     """b as the exact path of _add_product_ multiplies it (converted once by callers that use
     it for many products)."""
-    if exact_product_route(b.device, b.dtype, accumulator_dtype) == "upcast":
+    if exact_product_route(b.device, b.dtype, accumulator_dtype) == UPCAST:
         return b.to(accumulator_dtype)
     return b
+
+
+def _slice_bytes(device: torch.device) -> int:
+    """Bytes of a product formed at a time on the sliced paths of _add_product_."""
+    return CUDA_SLICE_BYTES if device.type == "cuda" else WEIGHT_SLICE_BYTES
 
 
 def _add_product_(
     accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor, exact: bool = False
 ) -> None:
     """accumulator [m, h] += a [m, k] @ b [k, h] (grad_hidden from a vocab tile; grad_weight
-    from a chunk's gradient, a = grad.t()). In one dtype, addmm_ needs no temporary; otherwise
-    the product is formed WEIGHT_SLICE_BYTES of it at a time, not [m, h] whole beside the
-    accumulator: in a's dtype, or with `exact` in the accumulator's (exact_product_route: one
-    GEMM with fp32 output where the device has it, else a and b converted, a a slice at a
-    time, b once)."""
+    from a chunk's gradient, a = grad.t()). In one dtype, addmm_ needs no temporary. With
+    `exact`, the product is formed in the accumulator's dtype (exact_product_route): one fused
+    GEMM adding into it where the device has one, else in slices. Otherwise it is formed in
+    a's dtype, in slices. A slice is WEIGHT_SLICE_BYTES of the product (CUDA_SLICE_BYTES on
+    CUDA), never [m, h] whole beside the accumulator; the upcast path converts a a slice at a
+    time and b once."""
     if a.dtype == accumulator.dtype and b.dtype == accumulator.dtype:
         accumulator.addmm_(a, b)
         return
-    upcast = exact and exact_product_route(a.device, a.dtype, accumulator.dtype) == "upcast"
+    route = exact_product_route(a.device, a.dtype, accumulator.dtype) if exact else None
+    if route == FUSED_WGRAD and not accumulator.is_contiguous():
+        route = _unfused_route(a.device)  # the extension writes a row-major [m, h]
+    if route not in (None, UPCAST):
+        b = b.to(a.dtype)  # no-op where the caller passed it as _exact_operand gives it
+    if route == FUSED_WGRAD:
+        # d_weight [m, h] += d_output [k, m]^T @ input [k, h], each row-major (no copy for the
+        # callers' a = grad.t() and b = hidden)
+        fused_wgrad_module().wgrad_gemm_accum_fp32(b.contiguous(), a.t().contiguous(), accumulator)
+        return
+    if route == FP32_OUTPUT_ADDMM:
+        torch.addmm(accumulator, a, b, out_dtype=accumulator.dtype, out=accumulator)
+        return
+    upcast = route == UPCAST
     if upcast:
         b = b.to(accumulator.dtype)
-    elif exact:
-        b = b.to(a.dtype)  # no-op where the caller passed it as _exact_operand gives it
     # bytes of one row of the product as it is formed
     row_bytes = b.size(1) * (accumulator.element_size() if exact else b.element_size())
-    rows = max(1, WEIGHT_SLICE_BYTES // row_bytes)
+    rows = max(1, _slice_bytes(a.device) // row_bytes)
     for start in range(0, accumulator.size(0), rows):
         part = slice(start, start + rows)
         if upcast:
