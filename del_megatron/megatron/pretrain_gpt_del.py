@@ -21,10 +21,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 import types
 from functools import partial
 from typing import Any
 
+# For Megatron-LM's startup timing report, as pretrain_gpt.py takes it: before Megatron-LM's
+# imports (main() makes them).
+_PROGRAM_START_TIME = time.time()
 ENV_DIR = "MEGATRON_LM_DIR"
 
 
@@ -53,10 +57,15 @@ def import_pretrain_gpt() -> types.ModuleType:
 
 def main() -> None:
     pretrain_gpt = import_pretrain_gpt()
+    import megatron.training
     from megatron.core.enums import ModelType
     from megatron.training import arguments, get_args, get_tokenizer, pretrain
 
     from . import lm
+
+    set_startup_timestamps = getattr(megatron.training, "set_startup_timestamps", None)
+    if set_startup_timestamps is not None:  # as pretrain_gpt.py's main, once its imports are done
+        set_startup_timestamps(program_start=_PROGRAM_START_TIME, main_entry=time.time())
 
     lm.install(pretrain_gpt)  # loss_func: telemetry, digit reduction; forward_step: counting
     extra = lm.chain_extra_args(

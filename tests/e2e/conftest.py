@@ -20,6 +20,8 @@ from .megatron_lm import (
 )
 
 VARIANTS = ("patched", "drop-in")
+# The drop-in launched from the patched tree, as the Docker image allows: both ways at once.
+DROP_IN_OVER_PATCH = "drop-in-over-patch"
 
 
 def pytest_configure(config):
@@ -46,10 +48,10 @@ def drop_in_launch(tag: str) -> List[str]:
 
 
 class Trainer:
-    """Runs one pretrain script (the patched pretrain_gpt.py, or the drop-in from a clean tree)
-    and keeps each named run, so tests that look at the same run share it. `launch`: what
-    follows torchrun's (or python's) options, before the flags: the script's path, or "-m" and
-    the module."""
+    """Runs one pretrain script (the patched pretrain_gpt.py, the drop-in from a clean tree, or
+    the drop-in from the patched one) and keeps each named run, so tests that look at the same
+    run share it. `launch`: what follows torchrun's (or python's) options, before the flags: the
+    script's path, or "-m" and the module."""
 
     def __init__(self, variant: str, tree: Path, launch: List[str], workdir: Path) -> None:
         self.variant, self.tree, self.launch, self.workdir = variant, tree, launch, workdir
@@ -68,14 +70,18 @@ class Trainer:
 
 @pytest.fixture(scope="session")
 def trainers(tmp_path_factory):
-    """trainers(tag, variant) -> Trainer, made once a session."""
+    """trainers(tag, variant) -> Trainer, made once a session (variant: one of VARIANTS, or
+    DROP_IN_OVER_PATCH, which shares the patched trainer's tree)."""
     made: Dict[tuple, Trainer] = {}
 
     def get(tag: str, variant: str) -> Trainer:
         key = (tag, variant)
         if key not in made:
             base = tmp_path_factory.mktemp(f"{tag}-{variant}")
-            tree = prepare_tree(tag, base / "src", patched=variant == "patched")
+            if variant == DROP_IN_OVER_PATCH:
+                tree = get(tag, "patched").tree
+            else:
+                tree = prepare_tree(tag, base / "src", patched=variant == "patched")
             if variant == "patched":
                 launch = [str(tree / "pretrain_gpt.py")]
             else:

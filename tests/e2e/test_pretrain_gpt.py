@@ -6,7 +6,8 @@ newest tag, examples/pretrain_gpt_del.py by path at the others; conftest.drop_in
 torchrun on CPU (gloo, 2 ranks, TP=2 unless said), and assert on the values Megatron-LM printed
 in its own log. The two differ only in how they reach the plugin (a patch, or a module that
 wraps pretrain_gpt's functions): both run the composition, telemetry, refusal and --help tests,
-and the drop-in must print every value the patched script prints, on every line. Resume,
+and the drop-in must print every value the patched script prints, on every line (also when it is
+launched from the patched tree, as the Docker image allows, with the digit reduction). Resume,
 tensor/sequence parallel and tokenizer runs go through the same plugin calls and run once, on
 the patched script.
 
@@ -28,7 +29,7 @@ import pytest
 from del_megatron.kernels.linear import NOT_PROPORTIONAL
 from del_megatron.megatron.logits_free import core_supports
 
-from .conftest import VARIANTS
+from .conftest import DROP_IN_OVER_PATCH, VARIANTS
 from .megatron_lm import DIGIT_IDS, MOCK_DATA, TINY_GPT, cpu_environment, is_finite
 from .megatron_lm import tags_for_this_environment as _tags
 
@@ -39,7 +40,10 @@ PRINTED = 2e-6
 
 TP2 = ["--tensor-model-parallel-size", "2"]
 DEL = ["--numerical-loss", "del", "--del-alpha", str(ALPHA), "--del-digit-token-ids", *DIGIT_IDS]
+DIGIT = ["--del-reduction", "digit"]
 PATCHED = "patched"
+# Megatron-LM's startup timing report: printed when the script registered its start-up times.
+STARTUP_REPORT = "[after library-setup] datetime:"
 
 
 def base_runs(trainer):
@@ -54,7 +58,7 @@ def base_runs(trainer):
 
     ce = trainer.run("ce", common + ["--numerical-loss", "ce"])
     token = trainer.run("del-token", common + DEL + saving("torch_dist"))
-    digit = trainer.run("del-digit", common + DEL + ["--del-reduction", "digit"] + saving("torch"))
+    digit = trainer.run("del-digit", common + DEL + DIGIT + saving("torch"))
     for run in (ce, token, digit):
         assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
     return ce, token, digit
@@ -89,6 +93,22 @@ def test_the_drop_in_prints_what_the_patched_script_prints(trainers, tag):
     for ours, theirs in zip(drop_in, patched, strict=True):
         assert ours.iterations == theirs.iterations
         assert ours.validation == theirs.validation
+        # the drop-in registers its start-up times, as pretrain_gpt.py's main does
+        assert STARTUP_REPORT in theirs.log and STARTUP_REPORT in ours.log
+
+
+@newest_tag
+def test_the_drop_in_from_a_patched_tree_prints_what_the_patched_script_prints(trainers, tag):
+    """The drop-in launched from a tree our patch already changed (the Docker image's): each
+    wrapper acts once, so with the step-wide digit reduction it trains the 10 iterations the
+    patched script trains, to the last printed digit."""
+    _, _, patched = base_runs(trainers(tag, PATCHED))
+    stacked = trainers(tag, DROP_IN_OVER_PATCH).run(
+        "del-digit", TINY_GPT + MOCK_DATA + TP2 + DEL + DIGIT
+    )
+    assert stacked.returncode == 0 and len(stacked.iterations) == 10, stacked.log[-3000:]
+    assert stacked.iterations == patched.iterations
+    assert stacked.validation == patched.validation
 
 
 @tags
@@ -112,9 +132,7 @@ def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
 def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
     trainer = trainers(tag, PATCHED)
     _, token, digit = base_runs(trainer)
-    uninterrupted, flags = (
-        (token, []) if fmt == "torch_dist" else (digit, ["--del-reduction", "digit"])
-    )
+    uninterrupted, flags = (token, []) if fmt == "torch_dist" else (digit, DIGIT)
     resumed = trainer.run(
         f"resume-{fmt}",
         TINY_GPT + MOCK_DATA + TP2 + DEL + flags
