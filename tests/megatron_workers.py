@@ -101,6 +101,76 @@ def check_mtp_goes_through_del(tp: int) -> None:
     assert differ, "MTP gradients do not depend on the numerical loss"
 
 
+def _logits_and_their_gradients(model, args, labels, upstream, cfg=CFG):
+    """One forward/backward of `model` with the hook registered: the loss, every parameter's
+    gradient, and for each call of the output layer its logits and (data_ptr, copy) of the
+    gradient autograd handed them."""
+    calls = []
+    layer_forward = model.output_layer.forward
+
+    def capturing(*a, **kw):
+        logits, bias = layer_forward(*a, **kw)
+        call = {"logits": logits}
+        logits.register_hook(lambda grad: call.update(grad=(grad.data_ptr(), grad.clone())))
+        calls.append(call)
+        return logits, bias
+
+    model.output_layer.forward = capturing
+    dmm.register(cfg)
+    try:
+        loss = model(*args, labels=labels)
+        (loss * upstream).sum().backward()
+    finally:
+        dmm.unregister()
+        model.output_layer.forward = layer_forward
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, calls
+
+
+def _in_place(call) -> bool:
+    return call["grad"][0] == call["logits"].data_ptr()
+
+
+def check_fp32_logits_take_their_gradient_in_place(tp: int) -> None:
+    """Audit G5: the main head's fp32 logits (an fp32 run; Megatron-LM dev's
+    --output-logit-dtype fp32) get their gradient written over them, one [s, b, V/tp] fp32
+    buffer as in Megatron's own cross-entropy, not a second one; loss, logits' gradient and
+    every parameter's gradient equal the loss's without inplace. Logits something else reads
+    after the loss keep theirs: an MTP head's (Megatron counts its accepted tokens from them),
+    and any under a forward hook of the output layer (distillation's logit capture)."""
+    from del_megatron.megatron import hook
+
+    tokens, labels, positions = number_batch(2, seed=41)
+    args, upstream = (tokens, positions, None), torch.rand(labels.shape)
+    ours = _logits_and_their_gradients(build_gpt(tp), args, labels, upstream)
+    spent = getattr(hook, "_logits_spent_by_the_loss", None)
+    hook._logits_spent_by_the_loss = lambda *a: False
+    try:
+        want = _logits_and_their_gradients(build_gpt(tp), args, labels, upstream)
+    finally:
+        if spent is None:
+            del hook._logits_spent_by_the_loss
+        else:
+            hook._logits_spent_by_the_loss = spent
+    assert [_in_place(c) for c in ours[2]] == [True], "main head's gradient not in place"
+    assert [_in_place(c) for c in want[2]] == [False]
+    torch.testing.assert_close(ours[0], want[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours[2][0]["grad"][1], want[2][0]["grad"][1], rtol=1e-6, atol=1e-7)
+    assert ours[1].keys() == want[1].keys()
+    for name, grad in want[1].items():
+        torch.testing.assert_close(ours[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    # MTP: one call of the output layer for the MTP head, then the main head's
+    mtp = _logits_and_their_gradients(build_gpt(tp, mtp_layers=1), args, labels, upstream)
+    assert [_in_place(c) for c in mtp[2]] == [False, True], "MTP logits overwritten"
+    model = build_gpt(tp)
+    captured = []
+    model.output_layer.register_forward_hook(lambda module, i, out: captured.append(out[0]))
+    hooked = _logits_and_their_gradients(model, args, labels, upstream)
+    assert [_in_place(c) for c in hooked[2]] == [False], "logits a forward hook holds overwritten"
+    torch.testing.assert_close(hooked[0], want[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(captured[0], want[2][0]["logits"], rtol=0, atol=0)
+
+
 def check_register_cycle(tp: int) -> None:
     """register / unregister / register: the original method comes back exactly, and the
     loss is Megatron's own after unregister and ours after register again."""
@@ -623,6 +693,24 @@ def check_logits_free_refusals(tp: int) -> None:
     model = build_gpt(tp)
     model.config.use_mup, model.config.mup_output_mult = True, 0.5
     refused(model, "mup_output_mult=0.5")
+    # Audit G4: Megatron-LM dev's --output-logit-dtype fp32 on a bf16 model (GPTModel's
+    # logit_dtype, handed to ColumnParallelLinear as output_dtype); the same dtype is a no-op
+    from megatron.core.transformer.module import Float16Module
+
+    for owner in ("output layer", "model"):
+        model = build_gpt(tp, config_kwargs=dict(bf16=True))
+        if owner == "model":
+            model.logit_dtype = torch.float32
+        else:
+            model.output_layer.output_dtype = torch.float32
+        refused(Float16Module(model.config, model), "--output-logit-dtype fp32")
+    model = build_gpt(tp)
+    model.output_layer.output_dtype = model.logit_dtype = torch.float32
+    dmm.register(CFG, logits_free=True)
+    try:
+        model(tokens, positions, None, labels=labels)
+    finally:
+        dmm.unregister()
     with pytest.raises(ValueError, match="logits_free must be True, False or a weight-gradient"):
         dmm.register(CFG, logits_free="sideways")
 
@@ -681,6 +769,7 @@ FIRST_SIGHT_REFUSALS = [
     ("overlap_moe_expert_parallel_comm", True, False, "--overlap-moe-expert-parallel-comm"),
     ("defer_embedding_wgrad_compute", True, True, "--defer-embedding-wgrad-compute"),
     ("fp16", True, "forward", "--fp16 with --del-logits-free forward"),
+    ("gtp_weight_remat_size", 2, True, "gtp_weight_remat_size=2"),  # audit G2
 ]
 
 
@@ -718,6 +807,17 @@ def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
                 model(tokens, positions, None, labels=labels)
         finally:
             dmm.unregister()
+        for tied in (False, True):  # audit G2: what GTP weight remat marks (core >= 0.19)
+            model = build_gpt(tp, share_embeddings_and_output_weights=tied)
+            weight = model.shared_embedding_or_output_weight() if tied else None
+            weight = model.output_layer.weight if weight is None else weight
+            weight.is_gtp_weight_remat, weight.gtp_remat_size = True, 2
+            dmm.register(CFG, logits_free=True)
+            try:
+                with pytest.raises(ValueError, match="GTP weight-remat shard"):
+                    model(tokens, positions, None, labels=labels)
+            finally:
+                dmm.unregister()
     calls, check = [], support.check_settings
     support.check_settings = lambda *args: calls.append(args) or check(*args)
     model = build_gpt(tp)

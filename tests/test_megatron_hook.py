@@ -17,6 +17,7 @@ HOOK_CHECKS = [
     "logits_free_refusals",
     "logits_free_from_the_model_config",
     "refused_when_the_hook_first_sees_the_model",
+    "fp32_logits_take_their_gradient_in_place",
 ]
 CP_CHECKS = ["hook_passes_the_cp_group", "packed_seq_params_reach_the_hook", "logits_free_under_cp"]
 

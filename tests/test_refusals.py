@@ -110,6 +110,40 @@ REFUSED = [
         ("--export-kd-teacher-load (knowledge distillation)", "drop --del-logits-free"),
         id="modelopt-distillation",
     ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(
+            tensor_model_parallel_size=2,
+            tensor_parallel_num_weight_shards=4,
+            gtp_weight_remat_size=2,
+        ),  # fmt: skip
+        (
+            "--tensor-parallel-num-weight-shards 4 at tensor-parallel size 2",
+            "keeps a 1/2 shard of the output layer's weight",
+            "drop --del-logits-free",
+            "set --tensor-parallel-num-weight-shards to the tensor-parallel size",
+        ),
+        id="G2-gtp-weight-remat",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE + ["forward"],
+        # a model config before its __post_init__ derives gtp_weight_remat_size
+        dict(tensor_model_parallel_size=2, tensor_parallel_num_weight_shards=8),
+        ("gtp_weight_remat_size=4", "drop --del-logits-free"),
+        id="G2-gtp-weight-shards-only",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(logit_dtype=torch.float32, bf16=True, params_dtype=torch.bfloat16),
+        ("--output-logit-dtype fp32", "drop --del-logits-free", "or --output-logit-dtype"),
+        id="G4-fp32-output-logits",
+    ),
+    pytest.param(
+        DEL + LOGITS_FREE,
+        dict(logit_dtype="fp32", bf16=True),  # the flag's value before Megatron maps it
+        ("--output-logit-dtype fp32", "drop --del-logits-free"),
+        id="G4-fp32-output-logits-by-name",
+    ),
 ]
 
 
@@ -142,12 +176,42 @@ def test_register_from_args_refuses_before_any_model_naming_the_flag_and_the_way
             dict(hybrid_context_parallel=True, dataloader_inter_document_masking=True, sft=True),
         ),
         (None, dict(logits_load_dir="/data/teacher-logits", logits_save_dir="/data/out")),
+        (None, dict(gtp_weight_remat_size=2, logit_dtype=torch.float32, bf16=True)),
+        (
+            "auto",
+            dict(
+                expert_gtp_weight_remat_size=2,
+                tensor_parallel_num_weight_shards=2,
+                tensor_model_parallel_size=2,
+            ),
+        ),  # fmt: skip
+        ("auto", dict(logit_dtype=torch.bfloat16, bf16=True, params_dtype=torch.bfloat16)),
+        ("auto", dict(logit_dtype=torch.float32)),  # an fp32 run: already its logits' dtype
     ],
 )
 def test_what_is_not_refused(route, flags):
     """The refusals are narrow: without logits-free its own ones do not apply, fp16 takes the
-    backward route, per-layer CUDA graphs and the fused impls the hook replaces are fine."""
+    backward route, per-layer CUDA graphs and the fused impls the hook replaces are fine, GTP of
+    the experts only leaves the output layer whole, and output logits asked for in the run's own
+    dtype change nothing."""
     support.check_settings(types.SimpleNamespace(**flags), route)
+
+
+def test_an_output_weight_gathered_only_when_its_layer_runs_is_refused_for_logits_free():
+    """Audit G2: a GTP weight-remat shard (core >= 0.19 marks it is_gtp_weight_remat) holds
+    V/(tp * g) rows, which the logits-free loss would read as the whole shard (and then stop on
+    a misleading out-of-vocabulary label assert): refused, as an FSDP-managed weight is."""
+    weight = torch.nn.Parameter(torch.zeros(8, 4))
+    support.check_sharded_weight(weight)
+    weight.is_gtp_weight_remat, weight.gtp_remat_size = True, 2
+    with pytest.raises(ValueError) as refused:
+        support.check_sharded_weight(weight)
+    for words in ("GTP weight-remat shard", "1/2 shard", "drop --del-logits-free"):
+        assert words in str(refused.value), str(refused.value)
+    fsdp = torch.nn.Parameter(torch.zeros(8, 4))
+    fsdp.__fsdp_param__ = True
+    with pytest.raises(ValueError, match="sharded by FSDP"):
+        support.check_sharded_weight(fsdp)
 
 
 def test_a_numerical_loss_run_stops_on_a_loss_the_hook_did_not_compute():

@@ -137,7 +137,8 @@ def check_model_config(config, logits_free: Optional[str] = None) -> None:
 def _check_model_once(module) -> None:
     """check_model_config for a model the loss hook sees for the first time in this
     registration (its config and logits-free setting; then nothing for it again), and for
-    logits-free its output layer: no bias, no MuP logit multiplier, no FSDP-sharded weight."""
+    logits-free its output layer: no bias, no MuP logit multiplier, no FSDP- or GTP-sharded
+    weight."""
     registration = state.current()
     if registration is None or id(module) in registration.checked_models:
         return
@@ -227,6 +228,13 @@ _packed_seq_params: contextvars.ContextVar = contextvars.ContextVar(
 )
 
 
+# The labels of the LanguageModule.forward in progress (set by _capture_packed_seq_params): the
+# main head computes its loss with them, MTP heads with rolled copies.
+_forward_labels: contextvars.ContextVar = contextvars.ContextVar(
+    "del_megatron_forward_labels", default=None
+)
+
+
 def _cu_seqlens() -> Optional[torch.Tensor]:
     """Document offsets of a packed (THD) batch in the whole sequence, else None."""
     params = _packed_seq_params.get()
@@ -263,9 +271,11 @@ def _capture_packed_seq_params(forward: Callable) -> Callable:
                 kwargs = {**kwargs, "output_processor": _logits_free_loss}
                 kwargs["output_processor_context"] = args[0]
         token = _packed_seq_params.set(params)
+        labels_token = _forward_labels.set(arguments.get("labels"))
         try:
             return forward(*args, **kwargs)
         finally:
+            _forward_labels.reset(labels_token)
             _packed_seq_params.reset(token)
 
     return wrapped
@@ -366,8 +376,32 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         cp_group=cp_group,
         cu_seqlens=_cu_seqlens(),
         cp_balancing=cp_balancing,
+        inplace=_logits_spent_by_the_loss(self, labels, logits),
     )
     return _token_loss(parts, cfg)
+
+
+def _logits_spent_by_the_loss(module, labels: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether the loss may write over `logits` (inplace: the gradient over fp32 logits, one
+    [s, b, V/tp] fp32 buffer where a new gradient would be a second, as Megatron's own
+    cross-entropy works on fp32 logits in place). So only when nothing reads them after the
+    loss: fp32 logits of the model's main head (labels are those of the forward in progress;
+    MTP heads' logits, with rolled labels, are read after their loss for acceptance counts), and
+    no forward hook on the output layer or on every module (knowledge distillation and Megatron's
+    logits saver capture the logits there)."""
+    if logits.dtype != torch.float32 or labels is not _forward_labels.get():
+        return False
+    output_layer = getattr(module, "output_layer", None)
+    if output_layer is None or output_layer._forward_hooks:
+        return False
+    if torch.nn.modules.module._global_forward_hooks:
+        return False
+    state.log_once(
+        "fp32_logits_in_place",
+        "del_megatron: fp32 logits: the loss writes their gradient over them (in place), as "
+        "Megatron's cross-entropy does",
+    )
+    return True
 
 
 def _wants_logits_free(module) -> bool:
@@ -404,6 +438,7 @@ def _logits_free_loss(
     module = context
     cfg = _resolve_cfg(module)
     _check_digit_ids(cfg)
+    support.check_logit_dtype(lf.logit_dtype(module, output_layer), hidden_states.dtype)
     lf.run_forward_pre_hooks(output_layer, hidden_states)
     weight = lf.output_weight(output_layer, output_weight)
     tp_group = _model_tp_group(module)

@@ -80,6 +80,14 @@ def output_weight(output_layer: Any, shared_weight: Optional[torch.Tensor]) -> t
     return weight
 
 
+def logit_dtype(model: Any, output_layer: Any) -> Optional[torch.dtype]:
+    """The dtype the output layer is asked to give its logits in (Megatron-LM dev:
+    ColumnParallelLinear's output_dtype, from GPTModel's logit_dtype, --output-logit-dtype);
+    None: the input's dtype."""
+    dtype = getattr(output_layer, "output_dtype", None)
+    return dtype if dtype is not None else getattr(model, "logit_dtype", None)
+
+
 def run_forward_pre_hooks(output_layer: Any, hidden_states: torch.Tensor) -> None:
     """Run the output layer's own forward pre-hooks, as calling the layer would, before the
     logits-free loss reads its weight. Megatron's DDP waits there for the weight's all-gather

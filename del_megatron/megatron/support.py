@@ -138,6 +138,8 @@ def check_logits_free(settings: Any, route: str) -> None:
                 f"{flag} {needs}, and the logits-free loss never calls that layer; drop "
                 f"--del-logits-free (the materialised loss is the same) or {flag}"
             )
+    check_gtp_weight_remat(settings)
+    check_logit_dtype(getattr(settings, "logit_dtype", None), _run_dtype(settings))
     if getattr(settings, "fp16", False) and route == "forward":
         raise ValueError(
             "--fp16 with --del-logits-free forward: that route forms its gradient products before "
@@ -146,9 +148,83 @@ def check_logits_free(settings: Any, route: str) -> None:
         )
 
 
+_GTP = (
+    "(generalized tensor parallelism with weight rematerialization, core >= 0.19) keeps a "
+    "1/{g} shard of the output layer's weight on each rank and all-gathers it only when the "
+    "layer is called, which the logits-free loss never does; drop --del-logits-free (the "
+    "materialised loss is the same) or set --tensor-parallel-num-weight-shards to the "
+    "tensor-parallel size"
+)
+
+
+def check_gtp_weight_remat(settings: Any) -> None:
+    """Refuse GTP weight rematerialization of the dense layers (gtp_weight_remat_size > 1, which
+    Megatron derives from --tensor-parallel-num-weight-shards): the output layer's weight is a
+    shard of its tensor-parallel shard. Expert GTP (the MoE experts only) is not refused."""
+    tp = getattr(settings, "tensor_model_parallel_size", None) or 1
+    shards = getattr(settings, "tensor_parallel_num_weight_shards", None)
+    remat = getattr(settings, "gtp_weight_remat_size", None) or 1
+    if remat <= 1 and shards is not None and shards > tp:
+        remat = shards // tp  # a config whose __post_init__ has not derived it yet
+    if remat > 1:
+        shards = shards if shards is not None else tp * remat
+        raise ValueError(
+            f"--del-logits-free with --tensor-parallel-num-weight-shards {shards} at "
+            f"tensor-parallel size {tp} (gtp_weight_remat_size={remat}) " + _GTP.format(g=remat)
+        )
+
+
+_DTYPE_NAMES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def _dtype(value: Any) -> Optional[torch.dtype]:
+    """A torch.dtype, or Megatron-LM's name of one ('fp32', 'bf16'), as a torch.dtype."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return _DTYPE_NAMES.get(str(value).lower())
+
+
+def _run_dtype(settings: Any) -> Optional[torch.dtype]:
+    """The dtype the output layer's input has in this run (params_dtype, or --bf16/--fp16)."""
+    params = _dtype(getattr(settings, "params_dtype", None))
+    if params is not None:
+        return params
+    if getattr(settings, "bf16", False):
+        return torch.bfloat16
+    if getattr(settings, "fp16", False):
+        return torch.float16
+    return torch.float32
+
+
+def check_logit_dtype(logit_dtype: Any, hidden_dtype: Optional[torch.dtype]) -> None:
+    """Refuse output logits asked for in another dtype than the output layer's input (Megatron-LM
+    dev's --output-logit-dtype: GPTModel's logit_dtype, ColumnParallelLinear's output_dtype):
+    the logits-free loss forms its logit chunks in the input's dtype. The same dtype is a no-op
+    in Megatron too, and passes."""
+    wanted = _dtype(logit_dtype)
+    if wanted is None or wanted == hidden_dtype:
+        return
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(wanted, str(wanted))
+    raise ValueError(
+        f"--output-logit-dtype {name} (logit_dtype / the output layer's output_dtype "
+        f"{wanted}) asks the output layer for {wanted} logits from {hidden_dtype} hidden "
+        "states, but the logits-free loss forms its logits in the hidden states' dtype and "
+        "would train on other logits than asked; drop --del-logits-free (the materialised "
+        "loss takes the logits as asked, fp32 ones in place) or --output-logit-dtype"
+    )
+
+
 def check_sharded_weight(weight: torch.Tensor) -> None:
     """Refuse an output weight managed by an FSDP wrapper (Megatron-FSDP marks its parameters;
-    torch FSDP2 makes them DTensors): it is whole only while the layer runs."""
+    torch FSDP2 makes them DTensors), or a GTP weight-remat shard (is_gtp_weight_remat, core
+    >= 0.19): it is whole only while the layer runs."""
     from torch.distributed.tensor import DTensor
 
     if hasattr(weight, "__fsdp_param__") or isinstance(weight, DTensor):
@@ -156,6 +232,12 @@ def check_sharded_weight(weight: torch.Tensor) -> None:
             "the output layer's weight is sharded by FSDP (Megatron-FSDP or torch FSDP2) and "
             "gathered only when the layer is called, which the logits-free loss never does; drop "
             "--del-logits-free (the materialised loss is the same) or FSDP"
+        )
+    if getattr(weight, "is_gtp_weight_remat", False):
+        size = getattr(weight, "gtp_remat_size", "g")
+        raise ValueError(
+            "the output layer's weight is a GTP weight-remat shard: "
+            "--tensor-parallel-num-weight-shards " + _GTP.format(g=size)
         )
 
 
