@@ -3,7 +3,8 @@
 #   bash examples/setup_env.sh          .venv            Python 3.11, torch 2.13.0 (CPU build),
 #                                                        megatron-core 0.16.1
 #   bash examples/setup_env.sh py312    .venv312         Python 3.12, torch 2.14.1 (CUDA build, runs
-#                                                        on CPU), megatron-core 0.19.2
+#                                                        on CPU), megatron-core 0.19.2, transformers
+#                                                        5.24.0 (Megatron-LM's HuggingFaceTokenizer)
 #   bash examples/setup_env.sh bridge   .venv312-bridge  .venv312 plus megatron-bridge 0.6.2,
 #                                                        nemo_toolkit 2.7.0 (and what they import)
 #                                                        and nvidia-resiliency-ext 0.7.0
@@ -11,7 +12,8 @@
 # tests/requirements-nvrx.txt.
 # The bridge environment is a layer over .venv312 (its site-packages are on the path through a
 # .pth file), so that Megatron-LM runs in .venv312 do not import what Bridge and NeMo bring:
-# Megatron-LM imports nvidia-modelopt whenever it is installed (11 s in every process).
+# Megatron-LM imports nvidia-modelopt whenever it is installed (11 s in every process). The layer
+# has its own transformers 5.12.1 and tokenizers 0.22.2 (Bridge's pins), which shadow .venv312's.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
