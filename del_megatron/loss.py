@@ -29,7 +29,6 @@ from .numbers import (
     select_positions,
 )
 from .sequence import check_balancing, doc_starts, gather_sequence
-from .slots import slot_logits
 from .vocab import NUM_DIGITS, DigitVocab
 
 LOSSES = ("ce",) + tuple(HEADS)
@@ -208,10 +207,8 @@ def _compose_parts(
     digit_logits = digit_logits.view(s, b, -1).transpose(0, 1).contiguous()
     seq = _sequence_layout(labels, cfg, sequence)
     layout = seq.local
-    if vocab.chunked:  # the 1,110 number tokens' logits -> [b, s, 3, 10] slot logits
-        digit_logits = slot_logits(digit_logits, layout.digit)
-    else:
-        digit_logits = digit_logits.unsqueeze(-2)
+    # [b, s, S, 10]: a chunking vocab's slot logits, else the ten digit logits as one slot
+    digit_logits = digit_logits.view(b, s, slots, NUM_DIGITS)
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
     else:

@@ -1,67 +1,131 @@
 """Slot logits of a chunking vocabulary (docs/DEL.md, "Tokenizers that put up to three digits in a
-token"): from the raw logits of its 1,110 number tokens to one ten-way logit vector per digit of
-the label.
+token"), formed from partial sums that add up over vocab shards.
 
 z^(j)_k = logsumexp of the logits of every number token with at least j digits whose first j - 1
-digits are the label's and whose j-th digit is k. Slot 1 sums 111 tokens a digit, slot 2 sums
-11 and slot 3 is one token's logit. Plain torch (gather and logsumexp, autograd gives the
-gradient); the index tables are made once per device, and nothing is read on the host.
+digits are the label's and whose j-th digit is k. With the 1,110 number tokens' logits laid out
+by first digit, x [n, 10, 111] (row d: "d", "d0".."d9", "d00".."d99"; LAYOUT), and the label's
+first two digits p, q:
+
+    z^(1)_k = logsumexp(x[k, :])                                   111 tokens a digit
+    z^(2)_k = logsumexp(x[p, 1 + k], x[p, 11 + 10k .. 20 + 10k])    11 tokens
+    z^(3)_k = x[p, 11 + 10q + k]                                     one token
+
+A shard holds some of the tokens (the others are -inf in its x). It gives the maxima of its
+slot-1 and slot-2 groups (local_maxima: [n, 20], for the MAX all-reduce), then, relative to the
+global maxima, its sums of exp and its slot-3 logits (partial_sums: [n, 30], for the SUM
+all-reduce); finish() turns the reduced sums into z. slot_gradient() is the gradient of z
+back to the layout. Plain torch, nothing read on the host.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
-from .device import on_device
-from .vocab import NUM_DIGITS
+from .vocab import CODE_LENGTH, NUM_DIGITS
 
 # Places of the number tokens in DigitVocab.number_tokens() order: digit d at d, two-digit
 # value v at TWO + v, three-digit value v at THREE + v (leading zeros kept: "07" is TWO + 7).
 TWO, THREE = NUM_DIGITS, NUM_DIGITS + 100
+# A row of the layout: the digit, its ten two-digit tokens, its hundred three-digit ones.
+ROW = 111
+TWO_DIGITS, THREE_DIGITS = slice(1, 11), slice(11, ROW)
+SLOTS = 3
+# Per row: slot-1 and slot-2 maxima (local_maxima); slot sums and slot-3 logits (partial_sums).
+MAXIMA, SUMS = 2 * NUM_DIGITS, SLOTS * NUM_DIGITS
 
 
-def _first(device: torch.device) -> torch.Tensor:
-    """Slot 1's candidates [10 digits * 111]: digit k, then "k0".."k9", then "k00".."k99"."""
-    k = torch.arange(NUM_DIGITS, device=device).view(-1, 1)
-    ten, hundred = torch.arange(10, device=device), torch.arange(100, device=device)
-    return torch.cat([k, TWO + 10 * k + ten, THREE + 100 * k + hundred], dim=-1).reshape(-1)
+def _layout() -> Tuple[int, ...]:
+    places = []
+    for d in range(NUM_DIGITS):
+        places += [d] + [TWO + 10 * d + k for k in range(10)]
+        places += [THREE + 100 * d + k for k in range(100)]
+    return tuple(places)
 
 
-def _second(device: torch.device) -> torch.Tensor:
-    """Slot 2's candidates [10 prefixes p, 10 digits k * 11]: "pk", then "pk0".."pk9"."""
-    p = torch.arange(NUM_DIGITS, device=device).view(-1, 1, 1)
-    k = p.view(1, -1, 1)
-    ten = torch.arange(10, device=device)
-    tokens = torch.cat([TWO + 10 * p + k, THREE + 100 * p + 10 * k + ten], dim=-1)
-    return tokens.reshape(NUM_DIGITS, -1)
+# The place (number_tokens() order) at each of the layout's 1,110 positions.
+LAYOUT = _layout()
 
 
-def _third(device: torch.device) -> torch.Tensor:
-    """Slot 3's candidates [100 prefixes q, 10 digits k]: the one token "qk"."""
-    ten = torch.arange(10, device=device)
-    return THREE + 10 * torch.arange(100, device=device).view(-1, 1) + ten
+def label_prefix(target: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """int64 [n, 2]: the first two digits (p, q) of each number-token label in target [n]
+    (codes: DigitVocab.token_codes); 0 where the label has no such digit."""
+    other = codes.numel() - 1
+    ids = torch.where((target >= 0) & (target < other), target, other)
+    code = codes[ids]
+    count = torch.where(code >= CODE_LENGTH, code // CODE_LENGTH, 0)
+    value = torch.where(count > 0, code % CODE_LENGTH, 0)
+    first_unit = torch.where(count == 3, 100, torch.where(count == 2, 10, 1))
+    p = value // first_unit
+    q = torch.where(count >= 2, (value // (first_unit // 10).clamp(min=1)) % 10, 0)
+    return torch.stack([p, q], dim=-1)
 
 
-TABLES = (_first, _second, _third)
+def _block(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """[n, 111]: the layout row of each row's first digit p [n]."""
+    return x.view(-1, NUM_DIGITS, ROW).gather(1, p.view(-1, 1, 1).expand(-1, 1, ROW)).squeeze(1)
 
 
-def _on(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The three candidate tables on `device` (places in number_tokens() order), made by
-    arithmetic there once and kept."""
-    return tuple(on_device(("slot_table", make.__name__), device, make) for make in TABLES)
+def _third(block: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """[n, 10]: the three-digit tokens "p q 0".."p q 9" of block [n, 111]."""
+    three = block[:, THREE_DIGITS].view(-1, NUM_DIGITS, NUM_DIGITS)
+    return three.gather(1, q.view(-1, 1, 1).expand(-1, 1, NUM_DIGITS)).squeeze(1)
 
 
-def slot_logits(number_logits: torch.Tensor, digit: torch.Tensor) -> torch.Tensor:
-    """[..., 3, 10] slot logits from number_logits [..., 1110] (the raw logits of a chunking
-    vocab's number tokens, in number_tokens() order) and the label's digits digit [..., 3]
-    (int64 0..9 per slot, as NumberLayout.digit; a slot past the label's last digit may hold
-    anything 0..9: its logits are then of no use). In the logits' dtype."""
-    first, second, third = _on(number_logits.device)
-    lead = number_logits.shape[:-1]
-    z1 = number_logits.index_select(-1, first).view(*lead, NUM_DIGITS, 111).logsumexp(-1)
-    candidates = second[digit[..., 0]].view(*lead, 110)
-    z2 = number_logits.gather(-1, candidates).view(*lead, NUM_DIGITS, 11).logsumexp(-1)
-    z3 = number_logits.gather(-1, third[digit[..., 0] * 10 + digit[..., 1]])
-    return torch.stack([z1, z2, z3], dim=-2)
+def local_maxima(x: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+    """[n, 20] the maxima of this shard's slot-1 groups, then of its slot-2 groups (-inf where it
+    holds none of a group), from layout values x [n, 1110] and prefix [n, 2]."""
+    m1 = x.view(-1, NUM_DIGITS, ROW).amax(dim=-1)
+    block = _block(x, prefix[:, 0])
+    three = block[:, THREE_DIGITS].view(-1, NUM_DIGITS, NUM_DIGITS).amax(dim=-1)
+    return torch.cat([m1, torch.maximum(block[:, TWO_DIGITS], three)], dim=-1)
+
+
+def partial_sums(
+    x: torch.Tensor,
+    prefix: torch.Tensor,
+    maxima: torch.Tensor,
+    held: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """[n, 30]: this shard's sums of exp(x - the group's global maximum) for slots 1 and 2, then
+    its slot-3 logits (0 for tokens it does not hold). maxima [n, 20]: local_maxima's, reduced
+    over the shards. held: bool [1110] layout positions this shard holds (None: all)."""
+    n = x.size(0)
+    m1, m2 = maxima[:, :NUM_DIGITS], maxima[:, NUM_DIGITS:]
+    s1 = torch.exp(x.view(n, NUM_DIGITS, ROW) - m1.unsqueeze(-1)).sum(dim=-1)
+    block = _block(x, prefix[:, 0])
+    three = block[:, THREE_DIGITS].view(n, NUM_DIGITS, NUM_DIGITS)
+    s2 = torch.exp(block[:, TWO_DIGITS] - m2) + torch.exp(three - m2.unsqueeze(-1)).sum(dim=-1)
+    x3 = _third(block, prefix[:, 1])
+    if held is not None:
+        held_block = _block(held.expand(n, -1), prefix[:, 0])
+        x3 = torch.where(_third(held_block, prefix[:, 1]), x3, 0.0)
+    return torch.cat([s1, s2, x3], dim=-1)
+
+
+def finish(sums: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """[n, 30] the slot logits z^(1) | z^(2) | z^(3) from the reduced partial sums [n, 30] and
+    maxima [n, 20]."""
+    return torch.cat([maxima + torch.log(sums[:, :MAXIMA]), sums[:, MAXIMA:]], dim=-1)
+
+
+def slot_gradient(
+    x: torch.Tensor, prefix: torch.Tensor, z: torch.Tensor, grad_z: torch.Tensor
+) -> torch.Tensor:
+    """[n, 1110] d(loss)/d(x) over the layout, given the slot logits z [n, 30] that x [n, 1110]
+    gave and their upstream gradient grad_z [n, 30]: grad_z^(j)_k * exp(x_t - z^(j)_k) for every
+    slot-j candidate t of digit k (slot 3: grad_z^(3)_k itself)."""
+    n = x.size(0)
+    g1, g2, g3 = grad_z.view(n, SLOTS, NUM_DIGITS).unbind(1)
+    z1, z2 = z[:, :NUM_DIGITS], z[:, NUM_DIGITS:MAXIMA]
+    grad = torch.exp(x.view(n, NUM_DIGITS, ROW) - z1.unsqueeze(-1)).mul_(g1.unsqueeze(-1))
+    p, q = prefix[:, 0], prefix[:, 1]
+    block = _block(x, p)
+    two = torch.exp(block[:, TWO_DIGITS] - z2) * g2
+    three = block[:, THREE_DIGITS].view(n, NUM_DIGITS, NUM_DIGITS)
+    three = torch.exp(three - z2.unsqueeze(-1)) * g2.unsqueeze(-1)
+    three.scatter_add_(1, q.view(-1, 1, 1).expand(-1, 1, NUM_DIGITS), g3.unsqueeze(1))
+    extra = torch.cat([torch.zeros_like(two[:, :1]), two, three.view(n, -1)], dim=-1)
+    grad.scatter_add_(1, p.view(-1, 1, 1).expand(-1, 1, ROW), extra.unsqueeze(1))
+    return grad.view(n, -1)

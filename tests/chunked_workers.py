@@ -116,6 +116,38 @@ def check_digit_reduction_counts_digits(seed: int, kernel: str) -> None:
     torch.testing.assert_close(loss[valid].double().mean(), expected, rtol=2e-6, atol=0)
 
 
+def check_collectives_carry_slot_sums(seed: int, kernel: str) -> None:
+    """docs/DEL.md, tensor parallelism: each rank sends partial sums of its own number tokens,
+    not their logits. The forward pass makes two all-reduces: MAX of the N row maxima, 20 slot
+    group maxima a row and the two shard sizes; SUM of [N, 2 + 30] (a one-digit vocab: N + 2
+    and [N, 12]), whatever the vocab shard holds."""
+    labels, logits, _ = inputs(seed)
+    n = labels.numel()
+    shard = _shard(logits).float().requires_grad_(True)
+    sent = []
+    all_reduce = dist.all_reduce
+
+    def recording(tensor, op=dist.ReduceOp.SUM, **kwargs):
+        sent.append((str(op).split(".")[-1], tuple(tensor.shape)))
+        return all_reduce(tensor, op=op, **kwargs)
+
+    one_digit = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB.single_digits_only())
+    dist.all_reduce = recording
+    try:
+        for cfg, maxima, sums in (
+            (_config("del"), n * 21 + 2, (n, 32)),
+            (one_digit, n + 2, (n, 12)),
+        ):
+            sent.clear()
+            loss = dm.numerical_lm_loss(labels, shard, cfg, tp_group=_group(), kernel=kernel)
+            assert sent == [("MAX", (maxima,)), ("SUM", sums)], sent
+            sent.clear()
+            loss.sum().backward()
+            assert sent == [], sent  # backward communicates nothing
+    finally:
+        dist.all_reduce = all_reduce
+
+
 def check_logits_free(seed: int, route: str) -> dict:
     """numerical_linear_loss on this rank's weight shard, fp32 and bf16, with and without a loss
     mask, against the oracle on hidden @ weight.T: values and the gradients of hidden and of

@@ -168,6 +168,11 @@ def test_kernels_match_the_oracle(gloo, tp, kernel):
     gloo(tp).run(chunked_workers.check_materialised, 40 + tp, kernel)
 
 
+@pytest.mark.parametrize("kernel", ["softmax", "recompute"])
+def test_each_rank_sends_slot_sums_not_number_logits(gloo, kernel):
+    gloo(2).run(chunked_workers.check_collectives_carry_slot_sums, 9, kernel)
+
+
 def test_digit_reduction_counts_digits(gloo):
     gloo(2).run(chunked_workers.check_digit_reduction_counts_digits, 7, "recompute")
 

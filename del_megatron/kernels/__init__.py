@@ -38,6 +38,7 @@ from .common import (
 )
 from .linear import LinearDigitCrossEntropy
 from .recompute import CompiledDigitCrossEntropy, RecomputeDigitCrossEntropy
+from .slot_columns import SlotColumns
 from .softmax import SoftmaxDigitCrossEntropy
 
 KERNELS = ("auto", "softmax", "recompute", "compiled")
@@ -112,7 +113,9 @@ def digit_cross_entropy(
     ce_weights: Optional[torch.Tensor] = None,
     weight_gradient: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-token CE [N] and digit logits [N, W] for targets [N] (int64).
+    """Per-token CE [N] and the number tokens' output [N, W] for targets [N] (int64): the ten
+    digit logits (W = 10), or for a chunking vocab the slot logits of each label's digits
+    (W = 30: z^(1) | z^(2) | z^(3), docs/DEL.md).
 
     inputs: (logits [N, V/tp],), or (hidden [N, h], weight [V/tp, h]) for the linear kernel,
     which multiplies the logits out chunk by chunk and never holds them whole.
@@ -145,7 +148,7 @@ def digit_cross_entropy(
     shard = VocabShard.of(local_vocab, tp_group)
     chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, n, inplace)
     vocab.check_vocab_size(shard.full_size)
-    digits = DigitColumns.of(vocab, shard)
+    digits = (SlotColumns if vocab.chunked else DigitColumns).of(vocab, shard)
     plan = KernelPlan(
         shard, digits, ignore_index, validate, inplace, chunk_tokens, ce_weights, route
     )

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, NamedTuple, Optional, Set, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from ..device import check_on_device, int_tensor, on_device
 from ..vocab import NUM_DIGITS, DigitVocab
+
+if TYPE_CHECKING:
+    from .slot_columns import SlotColumns
 
 # A tensor-parallel group, or None: the logits hold the WHOLE vocabulary (no tensor parallelism).
 # Not Megatron-Core's convention, where None in vocab_parallel_cross_entropy means "the default
@@ -99,11 +102,96 @@ class DigitColumns:
             return logits.gather(-1, columns.expand(logits.size(0), -1))
         return logits.index_select(-1, columns)
 
+    # What a kernel's SUM buffer carries per row for these columns (the digit logits), and how
+    # many more maxima per row its MAX all-reduce carries (none): see SlotColumns for the others.
+    @property
+    def out_width(self) -> int:
+        return self.width
+
+    maxima_width = 0
+
+    def prefix(self, target: torch.Tensor) -> None:
+        """Per-row facts of the label these columns need (none)."""
+        return None
+
+    def values(self, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[N, k] this shard's digit logits in `dtype`."""
+        return self.read(logits).to(dtype)
+
+    def local_maxima(self, values: torch.Tensor, prefix: None) -> torch.Tensor:
+        raise NotImplementedError("digit columns carry no maxima")
+
+    def write_partials_(
+        self, packed_digits: torch.Tensor, values: torch.Tensor, prefix: None, maxima: None
+    ) -> None:
+        """packed_digits [N, width] (zeros) gets this shard's digit logits at their digits."""
+        if self.columns:
+            digits, _ = self.index(values.device)
+            packed_digits.index_copy_(-1, digits, values.to(packed_digits.dtype))
+
     def write_into(self, packed_digits: torch.Tensor, logits: torch.Tensor) -> None:
         """packed_digits [N, width] (zeros) gets this shard's digit logits at their digits."""
         if self.columns:
-            digits, _ = self.index(logits.device)
-            packed_digits.index_copy_(-1, digits, self.read(logits).to(packed_digits.dtype))
+            values = self.values(logits, packed_digits.dtype)
+            self.write_partials_(packed_digits, values, None, None)
+
+    def finish(self, summed: torch.Tensor, maxima: None) -> torch.Tensor:
+        """[N, width] the digit logits from the reduced SUM buffer's columns."""
+        return summed.contiguous()
+
+    def forward_values(self, out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """What a kernel keeps of forward to form these columns' gradient from: the digit
+        logits [N, width] it returned."""
+        return out
+
+    def values_from_forward(self, kept: torch.Tensor) -> torch.Tensor:
+        """[N, k] this shard's values from forward_values' [N, width]."""
+        return self.of_digits(kept)
+
+    def column_gradient(
+        self,
+        values: torch.Tensor,
+        shift: torch.Tensor,
+        log_sum_exp: torch.Tensor,
+        scale: torch.Tensor,
+        onehot_column: torch.Tensor,
+        prefix: None,
+        out: Optional[torch.Tensor],
+        grad_out: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """[N, k] the whole gradient at this shard's digit columns, in values' dtype: the
+        softmax's (p - onehot) * scale plus grad_out [N, width] (None: zero)."""
+        probs = torch.exp(values - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
+        hit = onehot_column.unsqueeze(-1) == self.index(values.device)[1]
+        grad = (probs - hit.to(probs.dtype)) * scale.unsqueeze(-1)
+        if grad_out is not None:
+            grad += self.of_digits(grad_out).to(grad.dtype)
+        return grad
+
+    def term_gradient(
+        self,
+        grad_out: torch.Tensor,
+        values: Optional[torch.Tensor],
+        prefix: None,
+        out: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """[N, k] the gradient that grad_out [N, width] gives this shard's digit columns."""
+        return self.of_digits(grad_out)
+
+    def add_term_gradient_(
+        self,
+        grad: torch.Tensor,
+        values: Optional[torch.Tensor],
+        prefix: None,
+        out: Optional[torch.Tensor],
+        grad_out: torch.Tensor,
+    ) -> None:
+        """grad [N, V/tp] += the gradient that grad_out [N, width] gives these columns."""
+        self.add_gradient_(grad, grad_out)
+
+    def column_index(self, device: torch.device) -> torch.Tensor:
+        """int64 [k] this shard's digit columns on `device`."""
+        return self.index(device)[1]
 
     def of_digits(self, per_digit: torch.Tensor) -> torch.Tensor:
         """[N, k] this shard's digits' entries of per_digit [N, width]."""
@@ -127,6 +215,12 @@ class DigitColumns:
     def within(self, start: int, end: int) -> DigitColumns:
         """The digits among local columns [start, end), numbered from start (a vocab tile)."""
         return _within(self, start, end)
+
+
+# A vocab's number-token columns on a shard: the ten digits (DigitColumns), or a chunking
+# vocab's 1,110 number tokens (SlotColumns, kernels/slot_columns.py). Kernels use the same
+# methods on both.
+NumberColumns = Union["DigitColumns", "SlotColumns"]
 
 
 @lru_cache(maxsize=256)
@@ -182,7 +276,7 @@ class KernelPlan:
     autograd Function: Kernel.apply(*inputs, target, plan)."""
 
     shard: VocabShard
-    digits: DigitColumns
+    digits: NumberColumns
     ignore_index: int
     validate: bool
     inplace: bool
@@ -230,9 +324,10 @@ def check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: 
     check_on_device(~bad.any(), LABELS_OUTSIDE.format(full_size=full_size), found)
 
 
-def new_maxima(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[N + 2] buffer for global_row_max: row maxima first, two slots for the size check."""
-    return torch.empty(n + 2, dtype=dtype, device=device)
+def new_maxima(n: int, dtype: torch.dtype, device: torch.device, extra: int = 0) -> torch.Tensor:
+    """[N * (1 + extra) + 2] buffer for global_row_max: row maxima first, then `extra` more
+    maxima a row ([N, extra], a chunking vocab's slot groups), two slots for the size check."""
+    return torch.empty(n * (1 + extra) + 2, dtype=dtype, device=device)
 
 
 # (group, local_size) pairs whose shard sizes were checked across the group (global_row_max).
@@ -244,7 +339,7 @@ def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -
     the last two carry +-local_size, so that every rank sees the same shard-size verdict and all
     of them raise together (no collective is left waiting). The verdict is read on the host
     (one sync) the first time a group sees a shard size; later calls with the same sizes skip
-    it. Returns the global maxima [N]."""
+    it. Returns the global maxima: [N], or [N * (1 + extra)] from new_maxima(..., extra)."""
     n = maxima.numel() - 2
     maxima.narrow(0, n, 1).fill_(shard.local_size)
     maxima.narrow(0, n + 1, 1).fill_(-shard.local_size)

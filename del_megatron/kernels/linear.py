@@ -218,12 +218,20 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             early = _EarlyGradients.new(hidden, weight, plan)
         step = plan.chunk_tokens
         first_pass, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
+        prefix = plan.digits.prefix(target)
+        kept = []  # a chunking vocab's layout values, chunk by chunk
         for start in range(0, n, step):
             part = slice(start, start + step)
             logits, chunk_rows = _chunk_logits(hidden[part], weight), rows.rows(part)
-            ce[part], digit_logits[part], shift[part], log_sum_exp[part] = recompute.statistics(
-                logits, chunk_rows, plan, first_pass, sub_step, plan.validate and start == 0
-            )
+            chunk_prefix = None if prefix is None else prefix[part]
+            ce[part], digit_logits[part], shift[part], log_sum_exp[part], values = (
+                recompute.statistics(
+                    logits, chunk_rows, plan, first_pass, sub_step, plan.validate and start == 0,
+                    chunk_prefix, keep_values=True,
+                )
+            )  # fmt: skip
+            if prefix is not None:
+                kept.append(values)
             if early is not None:
                 # The chunk becomes its gradient in place.
                 recompute.gradient_into(
@@ -247,11 +255,15 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                     sink is not None,
                 )
             del logits
-        # What backward's recomputed logits take the target and digit columns' gradient from.
-        target_prob, forward_digits = torch.exp(-ce), digit_logits.clone()
+        # What backward's recomputed logits take the target and number columns' gradient
+        # from: the digit logits, or a chunking vocab's layout values (with its slot logits).
+        target_prob = torch.exp(-ce)
+        forward_numbers = digit_logits.clone() if prefix is None else torch.cat(kept)
+        slot_out = None if prefix is None else digit_logits
         ctx.save_for_backward(
-            hidden, weight, shift, log_sum_exp, target_prob, forward_digits, *rows
-        )
+            hidden, weight, shift, log_sum_exp, target_prob, forward_numbers, prefix, slot_out,
+            *rows,
+        )  # fmt: skip
         # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
         # them (a second backward recomputes).
         ctx.plan, ctx.early, ctx.sink = plan, early, sink
@@ -260,16 +272,18 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        hidden, weight, shift, log_sum_exp, target_prob, forward_digits, *saved_rows = (
+        hidden, weight, shift, log_sum_exp, target_prob, forward_numbers, prefix, out, *rest = (
             ctx.saved_tensors
         )
-        plan, rows, early, grads = ctx.plan, TargetRows(*saved_rows), ctx.early, None
+        plan, rows, early, grads = ctx.plan, TargetRows(*rest), ctx.early, None
         sink = ctx.sink
-        saved = _BackwardInputs(shift, log_sum_exp, rows, plan, (target_prob, forward_digits))
+        saved = _BackwardInputs(
+            shift, log_sum_exp, rows, plan, (target_prob, forward_numbers), prefix, out
+        )
         ctx.early = None
         if early is not None:
             scale = early.scale_for(grad_ce, rows)
-            grads = early.scaled_(scale, grad_digits, hidden, weight, plan, sink is not None)
+            grads = early.scaled_(scale, grad_digits, hidden, weight, saved, sink is not None)
             del early
         if grads is None:
             recomputed = _recomputed_gradients if plan.weight_gradient == "forward" else _by_tile
@@ -285,15 +299,18 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
 
 class _BackwardInputs(NamedTuple):
     """What backward forms the gradient of a block of logits from: the row maxima (shift) [N],
-    the log-sum-exp of the logits minus them [N], the target rows, the plan, and the target
-    probability [N] and digit logits [N, W] as forward formed them (recompute.gradient_into's
-    forward_values)."""
+    the log-sum-exp of the logits minus them [N], the target rows, the plan, the target
+    probability [N] and the number columns' values as forward formed them
+    (recompute.gradient_into's forward_values), and for a chunking vocab the label prefixes
+    [N, 2] and the slot logits [N, 30] (None otherwise)."""
 
     shift: torch.Tensor
     log_sum_exp: torch.Tensor
     rows: TargetRows
     plan: KernelPlan
     forward_values: Tuple[torch.Tensor, torch.Tensor]
+    prefix: Optional[torch.Tensor] = None
+    out: Optional[torch.Tensor] = None
 
 
 def _recomputed_gradients(
@@ -307,7 +324,7 @@ def _recomputed_gradients(
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
     (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype (its
     products formed in that dtype when a sink takes it)."""
-    shift, log_sum_exp, rows, plan, (target_prob, forward_digits) = saved
+    shift, log_sum_exp, rows, plan, (target_prob, forward_numbers), prefix, out = saved
     step = plan.chunk_tokens
     _, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
     grad_hidden = torch.empty_like(hidden)
@@ -328,7 +345,9 @@ def _recomputed_gradients(
             sub_step,
             None if grad_ce is None else grad_ce[part],
             None if grad_digits is None else grad_digits[part],
-            (target_prob[part], forward_digits[part]),
+            (target_prob[part], forward_numbers[part]),
+            None if prefix is None else prefix[part],
+            None if out is None else out[part],
         )
         _add_chunk_gradients_(
             logits, hidden[part], weight, grad_hidden[part], grad_weight, sink is not None
@@ -351,8 +370,13 @@ def _by_tile(
     forms it; with a sink, added to the sink's accumulator in its dtype instead, and None
     returned) and into this rank's share of grad_hidden [N, h] (summed over the tiles in the
     compute dtype; over the group by the caller)."""
-    shift, log_sum_exp, rows, plan, forward_values = saved
+    shift, log_sum_exp, rows, plan, forward_values, prefix, out = saved
     n, local_vocab = hidden.size(0), weight.size(0)
+    # A chunking vocab's number columns: their gradient over the whole layout, formed once and
+    # picked tile by tile.
+    layout_grad = None
+    if prefix is not None and plan.digits.columns:
+        layout_grad = _layout_gradient(saved, grad_ce, grad_digits)
     tile = default_tile_columns(local_vocab, n)
     _, second_pass, sub_step = chunk_passes(hidden, tile, n)
     grad_weight = torch.empty_like(weight) if sink is None else None
@@ -375,6 +399,7 @@ def _by_tile(
             grad_ce,
             grad_digits,
             forward_values,
+            layout_grad=layout_grad,
         )
         if sink is None:
             torch.matmul(logits.t(), hidden, out=grad_weight[start:end])
@@ -383,6 +408,20 @@ def _by_tile(
         _add_product_(grad_hidden, logits, weight[start:end])
         del logits
     return grad_hidden.to(hidden.dtype), grad_weight
+
+
+def _layout_gradient(
+    saved: _BackwardInputs, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """[N, 1110] a chunking vocab's number columns' whole gradient over the layout, from
+    forward's values (SlotColumns.column_gradient, every position kept)."""
+    shift, rows, plan = saved.shift, saved.rows, saved.plan
+    scale = recompute.upstream_scale(grad_ce, rows, shift)
+    values = plan.digits.values_from_forward(saved.forward_values[1]).to(shift.dtype)
+    return plan.digits.column_gradient(
+        values, shift, saved.log_sum_exp, scale, rows.onehot_column(), saved.prefix, saved.out,
+        grad_digits, held_only=False,
+    )  # fmt: skip
 
 
 # device -> whether torch.mm(..., out_dtype=torch.float32) multiplies half-precision operands
@@ -625,17 +664,20 @@ class _EarlyGradients(NamedTuple):
         grad_digits: Optional[torch.Tensor],
         hidden: torch.Tensor,
         weight: torch.Tensor,
-        plan: KernelPlan,
+        saved: _BackwardInputs,
         exact: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """grad_hidden and grad_weight for upstream scale * ce_weights and grad_digits [N, W];
-        scales the accumulator in place (it is spent). exact: the digit columns' product is
+        scales the accumulator in place (it is spent). exact: the number columns' product is
         formed in the accumulator's dtype too."""
         grad_weight = self.grad_weight.mul_(scale)
         grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
+        plan = saved.plan
         if grad_digits is not None and plan.digits.columns:
-            digits, columns = plan.digits.index(hidden.device)
-            digit_grad = grad_digits.index_select(1, digits).to(hidden.dtype)
+            columns = plan.digits.column_index(hidden.device)
+            values = plan.digits.values_from_forward(saved.forward_values[1])
+            digit_grad = plan.digits.term_gradient(grad_digits, values, saved.prefix, saved.out)
+            digit_grad = digit_grad.to(hidden.dtype)
             grad_hidden.add_(torch.matmul(digit_grad, weight.index_select(0, columns)))
             if exact:
                 product = torch.zeros(

@@ -237,28 +237,42 @@ def statistics(
     first_pass: Callable,
     step: int,
     check_sizes: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    prefix: Optional[torch.Tensor] = None,
+    keep_values: bool = False,
+) -> Tuple[torch.Tensor, ...]:
     """Forward over logits [n, V/tp], `step` rows converted at a time, with the MAX and SUM
-    all-reduces: ce [n] (0 on ignored rows), digit logits [n, W], the row maxima (shift) [n]
-    and the log-sum-exp of the logits minus them [n], all in the compute dtype."""
+    all-reduces: ce [n] (0 on ignored rows), the number columns' output [n, W] (the digit
+    logits, or a chunking vocab's slot logits), the row maxima (shift) [n] and the log-sum-exp
+    of the logits minus them [n], all in the compute dtype. prefix: plan.digits.prefix(target)
+    of these rows. keep_values: also return the number columns' values (what
+    plan.digits.forward_values keeps for backward)."""
     dtype, device, n = compute_dtype(logits), logits.device, logits.size(0)
-    maxima = new_maxima(n, dtype, device)
-    local_max, local_sum = maxima[:-2], torch.empty(n, dtype=dtype, device=device)
+    numbers, extra = plan.digits, plan.digits.maxima_width
+    maxima = new_maxima(n, dtype, device, extra)
+    local_max, local_sum = maxima[:n], torch.empty(n, dtype=dtype, device=device)
     for start in range(0, n, step):
         part = slice(start, start + step)
         local_max[part], local_sum[part] = first_pass(logits[part])
     local_max = local_max.clone()
-    shift = global_row_max(maxima, plan.shard, check_sizes)
+    values = numbers.values(logits, dtype) if numbers.columns or extra else None
+    if extra:
+        maxima[n:-2].view(n, extra).copy_(numbers.local_maxima(values, prefix))
+    reduced = global_row_max(maxima, plan.shard, check_sizes)
+    shift, group_max = reduced[:n], reduced[n:].view(n, extra) if extra else None
 
-    packed = new_packed(n, plan.digits.width, dtype, device)
+    packed = new_packed(n, numbers.out_width, dtype, device)
     torch.mul(local_sum, torch.exp(local_max - shift), out=packed[:, SUM_EXP])
     packed[:, TARGET_LOGIT] = target_logit(logits, rows, dtype)
-    plan.digits.write_into(packed[:, DIGITS], logits)
+    if values is not None:
+        numbers.write_partials_(packed[:, DIGITS], values, prefix, group_max)
     sum_packed(packed, plan.shard)
 
     log_sum_exp = torch.log(packed[:, SUM_EXP])
     ce = torch.where(rows.valid, log_sum_exp - (packed[:, TARGET_LOGIT] - shift), 0.0)
-    return ce, packed[:, DIGITS].contiguous(), shift, log_sum_exp
+    out = numbers.finish(packed[:, DIGITS], group_max)
+    if keep_values:
+        return ce, out, shift, log_sum_exp, values
+    return ce, out, shift, log_sum_exp
 
 
 def gradient_into(
@@ -273,25 +287,30 @@ def gradient_into(
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
     forward_values: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    prefix: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    layout_grad: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
-    upstream gradients of ce [n] and of the digit logits [n, W] (None: zero). Written into
-    `grad` (which may be `logits` itself); grad None: a new buffer. Returns it.
+    upstream gradients of ce [n] and of the number columns' output [n, W] (None: zero). Written
+    into `grad` (which may be `logits` itself); grad None: a new buffer. Returns it. prefix and
+    out: a chunking vocab's label prefixes [n, 2] and the slot logits [n, W] forward gave.
 
-    forward_values (target probability exp(-ce) [n], digit logits [n, W]), as forward formed
-    them: the target and digit columns take their gradient from these, not from `logits`, when
-    `logits` were multiplied out again by another matmul (a vocab tile's may differ from
-    forward's in the last bits, and a saturated target's gradient p - 1 is all rounding)."""
-    scale = torch.zeros_like(shift) if grad_ce is None else torch.where(rows.valid, grad_ce, 0.0)
-    scale = scale.to(shift.dtype)
+    forward_values (target probability exp(-ce) [n], plan.digits.forward_values of forward),
+    as forward formed them: the target and number columns take their gradient from these, not
+    from `logits`, when `logits` were multiplied out again by another matmul (a vocab tile's may
+    differ from forward's in the last bits, and a saturated target's gradient p - 1 is all
+    rounding). layout_grad: a chunking vocab's number columns' gradient over the whole layout
+    [n, 1110], formed once for all vocab tiles (the columns pick theirs)."""
+    scale = upstream_scale(grad_ce, rows, shift)
     onehot_column = rows.onehot_column()
-    n, digits = logits.size(0), plan.digits
-    # Digit logits are read before an in-place gradient overwrites them.
-    digit_logits = None
-    if digits.columns and forward_values is not None:
-        digit_logits = digits.of_digits(forward_values[1]).to(shift.dtype)
-    elif digits.columns:
-        digit_logits = digits.read(logits).to(shift.dtype)
+    n, numbers = logits.size(0), plan.digits
+    # The number columns' values are read before an in-place gradient overwrites them.
+    values = None
+    if numbers.columns and layout_grad is None and forward_values is not None:
+        values = numbers.values_from_forward(forward_values[1]).to(shift.dtype)
+    elif numbers.columns and layout_grad is None:
+        values = numbers.values(logits, shift.dtype)
     if grad is None and step >= n:
         grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
     else:
@@ -303,15 +322,26 @@ def gradient_into(
             )
     if forward_values is not None:
         _set_target_gradient_(grad, forward_values[0], scale, onehot_column)
-    if digits.columns:
-        # The digit columns get their whole gradient in the compute dtype, rounded once.
-        probs = torch.exp(digit_logits - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
-        hit = onehot_column.unsqueeze(-1) == digits.index(logits.device)[1]
-        digit_grad = (probs - hit.to(probs.dtype)) * scale.unsqueeze(-1)
-        if grad_digits is not None:
-            digit_grad += digits.of_digits(grad_digits).to(digit_grad.dtype)
-        digits.set_gradient_(grad, digit_grad)
+    if numbers.columns:
+        # The number columns get their whole gradient in the compute dtype, rounded once.
+        if layout_grad is not None:
+            column_grad = numbers.pick(layout_grad)
+        else:
+            column_grad = numbers.column_gradient(
+                values, shift, log_sum_exp, scale, onehot_column, prefix, out, grad_digits
+            )
+        numbers.set_gradient_(grad, column_grad)
     return grad
+
+
+def upstream_scale(
+    grad_ce: Optional[torch.Tensor], rows: TargetRows, like: torch.Tensor
+) -> torch.Tensor:
+    """[n] the upstream gradient of ce on rows that count (0 elsewhere, or everywhere for
+    grad_ce None), in like's dtype."""
+    if grad_ce is None:
+        return torch.zeros_like(like)
+    return torch.where(rows.valid, grad_ce, 0.0).to(like.dtype)
 
 
 def _set_target_gradient_(
@@ -329,18 +359,20 @@ def _forward(
     ctx, logits: torch.Tensor, target: torch.Tensor, plan: KernelPlan, compiled: bool
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
+    prefix = plan.digits.prefix(target)
     first_pass, _ = passes(compiled)
-    ce, digit_logits, shift, log_sum_exp = statistics(
-        logits, rows, plan, first_pass, plan.chunk_tokens, plan.validate
+    ce, out, shift, log_sum_exp = statistics(
+        logits, rows, plan, first_pass, plan.chunk_tokens, plan.validate, prefix
     )
-    ctx.save_for_backward(logits, shift, log_sum_exp, *rows)
+    slot_out = out if prefix is not None else None
+    ctx.save_for_backward(logits, shift, log_sum_exp, prefix, slot_out, *rows)
     ctx.plan, ctx.compiled = plan, compiled
     ctx.set_materialize_grads(False)
-    return ce, digit_logits
+    return ce, out
 
 
 def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-    logits, shift, log_sum_exp, *saved_rows = ctx.saved_tensors
+    logits, shift, log_sum_exp, prefix, out, *saved_rows = ctx.saved_tensors
     plan = ctx.plan
     _, second_pass = passes(ctx.compiled)
     grad = gradient_into(
@@ -354,6 +386,8 @@ def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.
         plan.chunk_tokens,
         grad_ce,
         grad_digits,
+        prefix=prefix,
+        out=out,
     )
     return grad, None, None
 

@@ -15,8 +15,8 @@ from .common import (
     DIGITS,
     SUM_EXP,
     TARGET_LOGIT,
-    DigitColumns,
     KernelPlan,
+    NumberColumns,
     TargetRows,
     VocabShard,
     compute_dtype,
@@ -31,23 +31,33 @@ from .common import (
 def softmax_cross_entropy_(
     work: torch.Tensor,
     rows: TargetRows,
-    digits: DigitColumns,
+    digits: NumberColumns,
     shard: VocabShard,
     check_sizes: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    prefix: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, ...]:
     """Overwrites `work` [N, V/tp] (fp32/fp64 logits) with the softmax over the full vocab.
 
-    Returns ce [N] (0 on ignored rows), the raw digit logits [N, W], the row maxima [N] and
-    the log-sum-exp of the logits minus those maxima [N].
+    Returns ce [N] (0 on ignored rows), the number columns' output [N, W] (the raw digit logits,
+    or a chunking vocab's slot logits), the row maxima [N], the log-sum-exp of the logits minus
+    those maxima [N], and the number columns' values (None for digits; a chunking vocab's layout
+    values [N, 1110], which backward needs once `work` is the softmax). prefix:
+    digits.prefix(target).
     """
     n, dtype = work.size(0), work.dtype
-    packed = new_packed(n, digits.width, dtype, work.device)
-    digits.write_into(packed[:, DIGITS], work)
+    extra = digits.maxima_width
+    values = digits.values(work, dtype) if digits.columns or extra else None
 
-    maxima = new_maxima(n, dtype, work.device)
-    torch.amax(work, dim=-1, out=maxima[:-2])
-    row_max = global_row_max(maxima, shard, check_sizes)
+    maxima = new_maxima(n, dtype, work.device, extra)
+    torch.amax(work, dim=-1, out=maxima[:n])
+    if extra:
+        maxima[n:-2].view(n, extra).copy_(digits.local_maxima(values, prefix))
+    reduced = global_row_max(maxima, shard, check_sizes)
+    row_max, group_max = reduced[:n], reduced[n:].view(n, extra) if extra else None
 
+    packed = new_packed(n, digits.out_width, dtype, work.device)
+    if values is not None:
+        digits.write_partials_(packed[:, DIGITS], values, prefix, group_max)
     work.sub_(row_max.unsqueeze(-1))
     packed[:, TARGET_LOGIT] = target_logit(work, rows, dtype)
     work.exp_()
@@ -58,18 +68,21 @@ def softmax_cross_entropy_(
     log_sum_exp = torch.log(sum_exp)
     ce = torch.where(rows.valid, log_sum_exp - packed[:, TARGET_LOGIT], 0.0)
     work.div_(sum_exp.unsqueeze(-1))
-    return ce, packed[:, DIGITS].contiguous(), row_max, log_sum_exp
+    out = digits.finish(packed[:, DIGITS], group_max)
+    return ce, out, row_max, log_sum_exp, values if extra else None
 
 
 def softmax_gradient_(
     grad: torch.Tensor,
     rows: TargetRows,
-    digits: DigitColumns,
+    digits: NumberColumns,
     grad_ce: Optional[torch.Tensor],
     grad_digits: Optional[torch.Tensor],
+    term_inputs: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
 ) -> torch.Tensor:
     """Turns the softmax `grad` [N, V/tp] in place into d(loss)/d(logits) given the upstream
-    gradients of ce [N] and of the digit logits [N, W] (None: zero)."""
+    gradients of ce [N] and of the number columns' output [N, W] (None: zero). term_inputs:
+    (values, prefix, output) of a chunking vocab's forward."""
     if grad_ce is None:
         grad.zero_()
     else:
@@ -77,7 +90,7 @@ def softmax_gradient_(
         grad.scatter_add_(-1, rows.local_target.unsqueeze(-1), -onehot)
         grad.mul_(torch.where(rows.valid, grad_ce, 0.0).to(grad.dtype).unsqueeze(-1))
     if grad_digits is not None:
-        digits.add_gradient_(grad, grad_digits)
+        digits.add_term_gradient_(grad, *term_inputs, grad_digits)
     return grad
 
 
@@ -100,17 +113,21 @@ class SoftmaxDigitCrossEntropy(torch.autograd.Function):
         else:
             work = logits.to(dtype)
         rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
-        ce, digit_logits, _, _ = softmax_cross_entropy_(
-            work, rows, plan.digits, plan.shard, plan.validate
+        prefix = plan.digits.prefix(target)
+        ce, out, _, _, values = softmax_cross_entropy_(
+            work, rows, plan.digits, plan.shard, plan.validate, prefix
         )
-        ctx.save_for_backward(work, *rows)
+        slot_out = out if prefix is not None else None
+        ctx.save_for_backward(work, values, prefix, slot_out, *rows)
         ctx.digits = plan.digits
         ctx.set_materialize_grads(False)
-        return ce, digit_logits
+        return ce, out
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        softmax, *rows = ctx.saved_tensors
+        softmax, values, prefix, out, *rows = ctx.saved_tensors
         grad = softmax.clone() if softmax.dtype == torch.float64 else softmax
-        softmax_gradient_(grad, TargetRows(*rows), ctx.digits, grad_ce, grad_digits)
+        softmax_gradient_(
+            grad, TargetRows(*rows), ctx.digits, grad_ce, grad_digits, (values, prefix, out)
+        )
         return grad, None, None
