@@ -1,26 +1,32 @@
-"""Is the CUDA path correct and fast? One process, stages isolated, every result written as it
-completes. `bash benchmarks/gpu_check.sh` runs it (under 10 minutes on one H200) and prints the
-summary; `--cpu` runs every stage at toy sizes on the CPU (CI: tests/test_gpu_check.py).
+"""Is the CUDA path correct and fast? Each stage in a process of its own, killed at its time
+limit with every process it started; every result written as it completes. `bash
+benchmarks/gpu_check.sh` runs it (under 10 minutes on one H200) and prints the summary; `--cpu`
+runs every stage at toy sizes on the CPU (CI: tests/test_gpu_check.py).
 
     python benchmarks/gpu_check.py --out benchmarks/results          # a GPU
     python benchmarks/gpu_check.py --cpu --out /tmp/gpu_check         # toy sizes, CPU
     python benchmarks/gpu_check.py --summary benchmarks/results/gpu_check.jsonl
 
-Stages (STAGES): environment (GPU, torch, TE, NCCL, TF32, CUDA_DEVICE_MAX_CONNECTIONS, HBM
-peak); correctness (numerical_lm_loss at N 16384 and 4093, V 151936, N x V > 2^31, bf16 and
-strict fp32, against Megatron's vocab_parallel_cross_entropy and, on a 256-row slice, the fp64
-reference); logits_free (numerical_linear_loss against the materialised path at h 4096, both
-routes); speed (forward and backward apart, CUDA events, inputs made outside the timed region,
-against Megatron's CE, its fused CE and TE's parallel CE; achieved bytes/s against the traffic
-floor and HBM peak); memory (peak against the same and against the logits+gradient floor);
-syncs (torch.cuda.set_sync_debug_mode and benchmarks/host_syncs.py); recompiles (graphs over
-several N); cuda_graph (one capture of a forward + backward); integration (Megatron-LM's
-pretrain_gpt.py through the drop-in, logits-free on and off, when MEGATRON_LM_DIR is set).
+Stages, in the order they run (LIMITS_S: each one's seconds): environment (GPU, torch, TE,
+NCCL, TF32, CUDA_DEVICE_MAX_CONNECTIONS, HBM peak); integration (with MEGATRON_LM_DIR set:
+Megatron-LM's pretrain_gpt.py through the drop-in, logits-free off and on, digit and token
+reductions, DP 2 where there are 2 GPUs or on the CPU; gpu_integration.py); correctness
+(numerical_lm_loss at N 16384 and 4093, V 151936, N x V > 2^31, bf16 and strict fp32, against
+Megatron's vocab_parallel_cross_entropy and, on a 256-row slice, the fp64 reference);
+logits_free (numerical_linear_loss against the materialised path at h 4096, both routes);
+speed (forward and backward apart, CUDA events, inputs made outside the timed region, against
+Megatron's CE, its fused CE and TE's parallel CE; achieved bytes/s against the traffic floor
+and HBM peak); memory (peak against the same and against the logits+gradient floor); syncs
+(torch.cuda.set_sync_debug_mode and benchmarks/host_syncs.py); recompiles (graphs over several
+N); cuda_graph (one capture of a forward + backward).
 
 Each result is one JSON line in OUT/gpu_check.jsonl: {"stage", "check", "ok", ...}; "ok" is
 true, false, or null for a figure with no pass mark (and for a stage that is skipped, with
-"skipped": why). A stage that raises writes one row with ok false and the error, and the next
-stage runs. Needs torch, megatron-core and del_megatron only (Transformer Engine when present).
+"skipped": why). A stage that raises writes one row with ok false and the error; one killed at
+its limit, or ended by a signal, gets that row from the driver, with the tail of its stderr
+(OUT/gpu_check_<stage>.stderr, where its Python stacks are written just before the kill); the
+next stage runs either way. Needs torch, megatron-core and del_megatron only (Transformer
+Engine when present).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import faulthandler
 import itertools
 import json
 import math
@@ -39,10 +46,11 @@ import subprocess
 import sys
 import time
 import traceback
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -52,13 +60,16 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 import bench_loss  # noqa: E402
+import gpu_integration  # noqa: E402
 from host_syncs import HostSyncs  # noqa: E402
 
 import del_megatron as dm  # noqa: E402
+from del_megatron.megatron.logits_free import MIN_CORE as MIN_LOGITS_FREE_CORE  # noqa: E402
 from del_megatron.reference import reference_lm_loss  # noqa: E402
 
 STAGES = (
     "environment",
+    "integration",
     "correctness",
     "logits_free",
     "speed",
@@ -66,7 +77,6 @@ STAGES = (
     "syncs",
     "recompiles",
     "cuda_graph",
-    "integration",
 )
 VOCAB = bench_loss.VOCAB  # digits 15..24, decimal point 13
 OTHER = 30  # a token id that is no digit and no decimal point
@@ -89,7 +99,7 @@ class Sizes:
     speed_cases: Sequence[tuple]  # (tokens, vocab)
     reps: int
     recompile_tokens: Sequence[int]
-    integration: dict
+    integration_iterations: int
 
 
 GPU_SIZES = Sizes(
@@ -101,7 +111,7 @@ GPU_SIZES = Sizes(
     speed_cases=((16384, 151936), (4096, 151936), (16384, 32000)),
     reps=5,
     recompile_tokens=(4096, 4093, 1, 8192),
-    integration=dict(timeout_s=150, iterations=5),
+    integration_iterations=5,
 )
 CPU_SIZES = Sizes(
     tokens=(256, 129),
@@ -112,7 +122,7 @@ CPU_SIZES = Sizes(
     speed_cases=((512, 8000),),
     reps=1,
     recompile_tokens=(64, 63, 128),
-    integration=dict(timeout_s=300, iterations=3),
+    integration_iterations=3,
 )
 
 # Tolerances, relative to the largest magnitude compared.
@@ -125,10 +135,11 @@ TF32_TOL = 2e-3  # fp32 matmuls where TF32 cannot be turned off (TORCH_ALLOW_TF3
 class Results:
     """Rows written as they come: printed, and appended to the JSON lines file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fresh: bool = True) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
+        if fresh or not path.exists():
+            path.write_text("")
         self.rows: List[dict] = []
 
     def add(self, stage: str, check: str, ok: Optional[bool], **fields) -> dict:
@@ -136,8 +147,13 @@ class Results:
         self.rows.append(row)
         line = json.dumps(row, default=_jsonable)
         print(line, flush=True)
-        with self.path.open("a") as fh:
-            fh.write(line + "\n")
+        with self.path.open("a+b") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell():  # after a stage killed mid-line, the row starts a line of its own
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    fh.write(b"\n")
+            fh.write(line.encode() + b"\n")
         return row
 
 
@@ -147,29 +163,6 @@ def _jsonable(value):
     if isinstance(value, (torch.dtype, torch.device, Path)):
         return str(value)
     return repr(value)
-
-
-class StageTimeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: Optional[float]):
-    """SIGALRM after `seconds`: StageTimeout at the next Python line of the stage."""
-    if not seconds or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def expire(signum, frame):
-        raise StageTimeout(f"stage over its limit of {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # ---- set-up -----------------------------------------------------------------------------------
@@ -182,7 +175,7 @@ class Context:
     def __init__(self, device: torch.device, sizes: Sizes, results: Results, out: Path):
         self.device, self.sizes, self.results, self.out = device, sizes, results, out
         self.cuda = device.type == "cuda"
-        self.hbm_peak: Optional[float] = None
+        self.hbm_peak = _hbm_peak(torch.cuda.get_device_properties(device)) if self.cuda else None
         self.tf32_forced = os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1"
         self.group = None
 
@@ -289,7 +282,7 @@ def stage_environment(ctx: Context) -> None:
         info.update(capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
         nccl = torch.cuda.nccl.version()
         info["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-        ctx.hbm_peak = _hbm_peak(props)
+        info["gpus"] = torch.cuda.device_count()
         info["hbm_peak_tb_s"] = None if ctx.hbm_peak is None else round(ctx.hbm_peak / 1e12, 2)
     else:
         info.update(cpu=platform.processor() or platform.machine(), cpus=os.cpu_count())
@@ -768,41 +761,106 @@ def stage_cuda_graph(ctx: Context) -> None:
 
 # ---- integration: Megatron-LM's pretrain_gpt.py -------------------------------------------------
 
-INTEGRATION_MODEL = [
-    "--num-layers", "2", "--hidden-size", "512", "--num-attention-heads", "8",
-    "--seq-length", "1024", "--max-position-embeddings", "1024",
-    "--micro-batch-size", "2", "--global-batch-size", "4",
-    "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "constant", "--seed", "1234",
-    "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
-    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "151936",
-    "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1",
-    "--position-embedding-type", "rope", "--use-distributed-optimizer", "--bf16",
-    "--numerical-loss", "del", "--del-alpha", "0.01",
-    "--del-digit-token-ids", *[str(i) for i in range(10, 20)],
-]  # fmt: skip
-GPU_INTEGRATION = ["--transformer-impl", "transformer_engine"]  # gradient-accumulation fusion on
-CPU_INTEGRATION = [
-    "--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-rope-fusion",
-    "--no-masked-softmax-fusion", "--distributed-backend", "gloo", "--use-cpu-initialization",
-    "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
-    "--max-position-embeddings", "128",
-]  # fmt: skip
+INTEGRATION = "pretrain_gpt.py logits-free vs materialised"
 
 
-def integration_commands(ctx: Context, megatron_lm: Path) -> Dict[str, List[str]]:
-    """The two torchrun command lines (logits-free off and on) of the integration stage."""
-    iterations = str(ctx.sizes.integration["iterations"])
-    flags = INTEGRATION_MODEL + (GPU_INTEGRATION if ctx.cuda else CPU_INTEGRATION)
-    flags = flags + ["--train-iters", iterations]
-    runs = {}
-    for name, extra in (("materialised", []), ("logits_free", ["--del-logits-free"])):
-        grads = ctx.out / f"integration_{name}_main_grad.pt"
-        runs[name] = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-            "--master-port", str(_free_port()), str(HERE / "gpu_integration.py"), str(grads),
-            str(ROOT / "examples" / "pretrain_gpt_del.py"), *flags, *extra,
-        ]  # fmt: skip
-    return runs
+def stage_integration(ctx: Context) -> None:
+    """Megatron-LM's pretrain_gpt.py through examples/pretrain_gpt_del.py (gpu_integration.py:
+    the TE spec on a GPU, bf16, gradient-accumulation fusion, the distributed optimizer with
+    overlapped reduce-scatter and all-gather in small buckets, MTP, an untied output layer, V
+    151936) on a corpus with numbers, at DP 2 where it can (gpu_integration.data_parallel):
+    for the digit reduction, then the token one, logits-free off and on must agree in lm loss,
+    DEL term and each rank's output-layer main_grad before iteration 1's optimizer step."""
+    checkout = os.environ.get("MEGATRON_LM_DIR")
+    ranks, why = gpu_integration.data_parallel(ctx.cuda, torch.cuda.device_count())
+    iterations = ctx.sizes.integration_iterations
+    data = ctx.out / "integration_data" / "numbers"
+    launches = gpu_integration.commands(ctx.cuda, ranks, ctx.out, data, iterations)
+    plan = dict(ranks=ranks, data_parallel=why)
+    version = gpu_integration.megatron_core_version(Path(checkout)) if checkout else None
+    skipped = None
+    if not checkout:
+        skipped = "set MEGATRON_LM_DIR to a Megatron-LM checkout to run it"
+    elif version is not None and version < MIN_LOGITS_FREE_CORE:
+        skipped = (
+            f"--del-logits-free needs megatron-core >= {MIN_LOGITS_FREE_CORE[0]}."
+            f"{MIN_LOGITS_FREE_CORE[1]}; MEGATRON_LM_DIR holds {version[0]}.{version[1]}"
+        )
+    if skipped:
+        commands = {k: " ".join(v) for k, v in launches.items()}
+        ctx.results.add(
+            "integration", INTEGRATION, None, skipped=skipped, **plan, commands=commands
+        )
+        return
+    vocab = gpu_integration.GPU_VOCAB if ctx.cuda else gpu_integration.CPU_VOCAB
+    corpus = gpu_integration.write_number_corpus(data, vocab, tokens=100_000)
+    ctx.results.add("integration", "corpus with numbers", corpus["digit_share"] > 0.2, **corpus)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MEGATRON_LM_DIR=checkout)
+    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    if not ctx.cuda:
+        from del_megatron.cpu.training import job_environment
+
+        env = job_environment(env)
+    for reduction in gpu_integration.REDUCTIONS:
+        try:
+            names = {run: f"{reduction}_{run}" for run in gpu_integration.RUNS}
+            ran = _run_together({n: launches[n] for n in names.values()}, checkout, env, ctx.out)
+            logs = {run: gpu_integration.parse_log(ran[name][0]) for run, name in names.items()}
+            grads = {
+                run: [
+                    torch.load(ctx.out / f"integration_{name}_main_grad.rank{r}.pt")
+                    for r in range(ranks)
+                ]
+                for run, name in names.items()
+            }
+            ok, figures = gpu_integration.compare(logs, grads, iterations)
+            figures["run_seconds"] = {run: ran[name][1] for run, name in names.items()}
+        except (RuntimeError, OSError, KeyError) as exc:  # a run failed; the next one runs
+            ok, figures = False, {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+        ctx.results.add(
+            "integration",
+            f"{INTEGRATION}, {reduction} reduction",
+            ok,
+            reduction=reduction,
+            **plan,
+            **figures,
+        )
+
+
+def _run_together(
+    launches: Dict[str, List[str]], checkout: str, env: Dict[str, str], out: Path
+) -> Dict[str, Tuple[str, float]]:
+    """Run the torchrun commands at the same time (each a free port, its output in
+    OUT/integration_<name>.log as it comes, stale gradient files removed first) from the
+    checkout: the two runs of a pair are independent jobs, and on a GPU most of a run is
+    start-up and compiling on the host. Returns {name: (log, seconds)}; RuntimeError with the
+    tail of each failed run's log."""
+    running = {}
+    started = time.monotonic()
+    for name, command in launches.items():
+        for stale in out.glob(f"integration_{name}_main_grad.rank*.pt"):
+            stale.unlink()
+        command = [str(_free_port()) if arg == gpu_integration.PORT else arg for arg in command]
+        log_path = out / f"integration_{name}.log"
+        print(f"integration: {name} starts, log {log_path}", flush=True)
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(command, cwd=checkout, env=env, stdout=log, stderr=log)
+        running[name] = (proc, log_path)
+    seconds = {}
+    while len(seconds) < len(running):
+        for name, (proc, _) in running.items():
+            if name not in seconds and proc.poll() is not None:
+                seconds[name] = round(time.monotonic() - started, 1)
+        time.sleep(0.2)
+    logs = {name: log_path.read_text() for name, (_, log_path) in running.items()}
+    failed = [
+        f"{name} exited {proc.returncode}; see {log_path}: {logs[name][-900:]}"
+        for name, (proc, log_path) in running.items()
+        if proc.returncode != 0
+    ]
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    return {name: (logs[name], seconds[name]) for name in running}
 
 
 def _free_port() -> int:
@@ -811,133 +869,220 @@ def _free_port() -> int:
     return free_port()
 
 
-def parse_lm_loss(log: str) -> Dict[int, float]:
-    """{iteration: lm loss} from Megatron-LM's training log."""
-    import re
-
-    found = {}
-    for match in re.finditer(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([-+0-9.eE]+)", log):
-        found[int(match[1])] = float(match[2])
-    return found
-
-
-def compare_integration(losses: Dict[str, Dict[int, float]], grads: Dict[str, torch.Tensor]):
-    """(ok, figures): lm loss of every iteration within 2% (iteration 1 within 0.1%), and the
-    output weight's main_grad after iteration 1 within 5% in norm of the difference."""
-    want, got = losses["materialised"], losses["logits_free"]
-    loss_errors = {i: abs(got[i] - want[i]) / abs(want[i]) for i in want if i in got}
-    grad_error = (grads["logits_free"] - grads["materialised"]).norm() / grads[
-        "materialised"
-    ].norm()
-    ok = (
-        bool(want)
-        and sorted(want) == sorted(got)
-        and loss_errors.get(1, 1.0) < 1e-3
-        and max(loss_errors.values()) < 2e-2
-        and grad_error.item() < 5e-2
-    )
-    figures = dict(
-        lm_loss=want,
-        lm_loss_logits_free=got,
-        lm_loss_rel_error=loss_errors,
-        main_grad_rel_error=grad_error.item(),
-        main_grad_norm=grads["materialised"].norm().item(),
-        main_grad_norm_logits_free=grads["logits_free"].norm().item(),
-    )
-    return ok, figures
-
-
-def stage_integration(ctx: Context) -> None:
-    """Megatron-LM's pretrain_gpt.py (through examples/pretrain_gpt_del.py) with the TE spec,
-    bf16, gradient-accumulation fusion, the distributed optimizer, MTP, an untied output layer
-    and V 151936, logits-free off and on: lm loss per iteration and the output weight's
-    main_grad after iteration 1 (gpu_integration.py saves it) must agree."""
-    checkout = os.environ.get("MEGATRON_LM_DIR")
-    if not checkout:
-        ctx.results.add(
-            "integration",
-            "pretrain_gpt.py logits-free on and off",
-            None,
-            skipped="set MEGATRON_LM_DIR to a Megatron-LM checkout to run it",
-            commands={
-                k: " ".join(v)
-                for k, v in integration_commands(ctx, Path("<MEGATRON_LM_DIR>")).items()
-            },
-        )
-        return
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MEGATRON_LM_DIR=checkout)
-    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    if not ctx.cuda:
-        from del_megatron.cpu.training import job_environment
-
-        env = job_environment(env)
-    losses, grads = {}, {}
-    for name, command in integration_commands(ctx, Path(checkout)).items():
-        done = subprocess.run(
-            command,
-            cwd=checkout,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=ctx.sizes.integration["timeout_s"],
-        )
-        log_path = ctx.out / f"integration_{name}.log"
-        log_path.write_text(done.stdout)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{name} run exited {done.returncode}; see {log_path}: {done.stdout[-1500:]}"
-            )
-        losses[name] = parse_lm_loss(done.stdout)
-        grads[name] = torch.load(ctx.out / f"integration_{name}_main_grad.pt")
-    ok, figures = compare_integration(losses, grads)
-    ctx.results.add("integration", "pretrain_gpt.py logits-free on and off", ok, **figures)
-
-
-# ---- driver -----------------------------------------------------------------------------------
+# ---- one stage, in this process -----------------------------------------------------------------
 
 STAGE_FUNCTIONS: Dict[str, Callable[[Context], None]] = {
     "environment": stage_environment,
+    "integration": stage_integration,
     "correctness": stage_correctness,
     "logits_free": stage_logits_free,
     "speed": stage_speed_and_memory,  # writes the memory rows too
     "syncs": stage_syncs,
     "recompiles": stage_recompiles,
     "cuda_graph": stage_cuda_graph,
-    "integration": stage_integration,
-}
-# Seconds each stage may take on a GPU (the whole check: under 10 minutes on one H200).
-GPU_LIMITS = {
-    "environment": 30,
-    "correctness": 120,
-    "logits_free": 60,
-    "speed": 150,
-    "syncs": 30,
-    "recompiles": 60,
-    "cuda_graph": 30,
-    "integration": 320,
 }
 
 
-def run(ctx: Context, stages: Sequence[str], limits: Dict[str, float]) -> None:
-    for name in stages:
-        started = time.monotonic()
+def run_stage(name: str, cpu: bool, out: Path, deadline: Optional[float] = None) -> int:
+    """Run one stage here, its rows appended to OUT/gpu_check.jsonl; a stage that raises
+    writes one row with ok false and its error. A few seconds before `deadline` (time.time(),
+    when the driver kills this process) every thread's Python stack goes to stderr, from a
+    watchdog thread that runs even while the stage waits in C (a CUDA sync, NCCL, a compile)."""
+    if deadline is not None:
+        faulthandler.dump_traceback_later(max(deadline - time.time() - DUMP_BEFORE_S, 0.5))
+    device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
+    results = Results(out / "gpu_check.jsonl", fresh=False)
+    ctx = Context(device, CPU_SIZES if cpu else GPU_SIZES, results, out)
+    try:
+        if name not in ("environment", "integration"):
+            _init_megatron(ctx)
+        STAGE_FUNCTIONS[name](ctx)
+    except Exception as exc:  # noqa: BLE001  (a stage's failure is a result)
+        ctx.results.add(
+            name,
+            "stage",
+            False,
+            error=f"{type(exc).__name__}: {exc}"[:1000],
+            traceback=traceback.format_exc()[-3000:],
+        )
+    return 0
+
+
+# ---- the driver: each stage in a process of its own, killed at its limit ------------------------
+
+DUMP_BEFORE_S = 3  # a stage's stacks are written this long before its kill
+# The whole run's seconds, gpu_check.sh's default GPU_CHECK_LIMIT_S: on a GPU 10 minutes of
+# device time less 30 s; on the CPU (toy sizes, a CI machine that may be busy) more.
+ENVELOPE_S = {"gpu": 570, "cpu": 900}
+RESERVE_S = 20  # the driver's start, the kills and the summary
+# Seconds each stage's process may take (its start and imports included), in the order they
+# run. The integration stage comes right after the environment: the stage most likely to wait
+# on something (NCCL, torchrun, two Megatron-LM start-ups) is the one the earlier layout left
+# at the end, with what the others had left. Each set fits its envelope less RESERVE_S.
+LIMITS_S = {
+    "gpu": {
+        "environment": 30, "integration": 250, "correctness": 75, "logits_free": 40,
+        "speed": 80, "syncs": 25, "recompiles": 30, "cuda_graph": 20,
+    },
+    "cpu": {
+        "environment": 45, "integration": 420, "correctness": 90, "logits_free": 60,
+        "speed": 90, "syncs": 60, "recompiles": 60, "cuda_graph": 45,
+    },
+}  # fmt: skip
+STAGE_TAG = "GPU_CHECK_STAGE_TAG"  # in every process of a stage, torchrun's workers included
+
+
+def stage_limits(cpu: bool, stages: Sequence[str], envelope_s: float) -> Dict[str, float]:
+    """{stage: seconds} for the stages asked, in running order; scaled down together when they
+    would not fit envelope_s - RESERVE_S."""
+    limits = {s: t for s, t in LIMITS_S["cpu" if cpu else "gpu"].items() if s in stages}
+    scale = min(1.0, max(envelope_s - RESERVE_S, 0) / max(sum(limits.values()), 1))
+    return {s: math.floor(t * scale * 10) / 10 for s, t in limits.items()}
+
+
+def _tagged_processes(tag: str) -> List[int]:
+    """Processes whose environment holds STAGE_TAG=tag (Linux /proc; [] elsewhere)."""
+    needle = f"{STAGE_TAG}={tag}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
         try:
-            with _time_limit(limits.get(name)):
-                if name != "environment" and ctx.group is None:
-                    _init_megatron(ctx)
-                STAGE_FUNCTIONS[name](ctx)
-        except Exception as exc:  # noqa: BLE001  (a stage's failure is a result; go on)
-            ctx.results.add(
-                name,
-                "stage",
-                False,
-                error=f"{type(exc).__name__}: {exc}"[:1000],
-                traceback=traceback.format_exc()[-3000:],
-            )
-        finally:
-            ctx.free()
-        ctx.results.add(name, "stage time", None, seconds=round(time.monotonic() - started, 1))
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone, or not ours
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def kill_stage(proc: subprocess.Popen, tag: str) -> int:
+    """SIGKILL the stage's process group (its session), then every process that carries its
+    tag: torchrun starts each worker in a session of its own, and a killed agent's workers are
+    orphans. Waits for the stage's process. Returns how many tagged processes were found outside
+    the stage's process group (strays)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a process in the kernel's D state
+        proc.wait(timeout=30)
+    strays = set()
+    for _ in range(50):
+        left = _tagged_processes(tag)
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(pid) != proc.pid:
+                    strays.add(pid)
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return len(strays)
+
+
+@dataclass
+class StageRun:
+    """How one stage's process ended: "done" (exited by itself), "killed" (at its limit) or
+    "interrupted" (gpu_check itself was stopped)."""
+
+    outcome: str
+    returncode: Optional[int]
+    seconds: float
+    strays: int
+    stderr_tail: str = ""
+
+
+def run_stage_process(
+    command: Sequence[str], limit_s: float, env: Dict[str, str], stderr: Path
+) -> StageRun:
+    """Run `command` in a session of its own with a fresh STAGE_TAG, its stderr in a file; at
+    limit_s, or when this process is interrupted (SIGINT, or SIGTERM through _interrupt), kill
+    it with everything it started. Processes it leaves behind after a normal exit are killed
+    too (strays)."""
+    tag = uuid.uuid4().hex
+    started = time.monotonic()
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            list(command), env={**env, STAGE_TAG: tag}, stderr=err, start_new_session=True
+        )
+    try:
+        proc.wait(timeout=limit_s)
+        outcome = "done"
+    except subprocess.TimeoutExpired:
+        outcome = "killed"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+    strays = kill_stage(proc, tag)
+    returncode = proc.returncode if outcome == "done" else None
+    tail = stderr.read_bytes()[-STDERR_TAIL:].decode(errors="replace")
+    return StageRun(outcome, returncode, round(time.monotonic() - started, 1), strays, tail)
+
+
+STDERR_TAIL = 3000  # characters of a failed stage's stderr in its row
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def drive(
+    results: Results,
+    limits: Dict[str, float],
+    envelope_s: float,
+    command_of: Callable[[str, float], List[str]],
+) -> None:
+    """Run each stage's command (command_of(stage, its deadline as time.time())) with its
+    limit, in order, its stderr in OUT/gpu_check_<stage>.stderr, and write how it ended: a
+    "stage time" row (seconds, limit, outcome), and a failed "stage" row (with the tail of its
+    stderr) for a stage killed at its limit, ended by a signal or a non-zero status, or stopped
+    because gpu_check itself was (the stages after it do not run)."""
+    results.add(
+        "environment",
+        "stage limits",
+        None,
+        limits_s=limits,
+        sum_s=round(sum(limits.values()), 1),
+        envelope_s=envelope_s,
+    )
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for stage, limit in limits.items():
+            command = command_of(stage, time.time() + limit)
+            stderr = results.path.with_name(f"gpu_check_{stage}.stderr")
+            ended = run_stage_process(command, limit, dict(os.environ), stderr)
+            _report_stage(results, stage, limit, ended)
+            if ended.outcome == "interrupted":
+                print("gpu_check: interrupted; the stages above are what ran", file=sys.stderr)
+                break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_stage(results: Results, stage: str, limit: float, ended: StageRun) -> None:
+    error = None
+    if ended.outcome == "killed":
+        error = f"killed at its limit of {limit:g} s, with every process it started"
+    elif ended.outcome == "interrupted":
+        error = "stopped: gpu_check was interrupted"
+    elif ended.returncode:
+        how = f"signal {-ended.returncode}" if ended.returncode < 0 else f"{ended.returncode}"
+        error = f"its process ended with status {how}"
+    if error:
+        results.add(
+            stage,
+            "stage",
+            False,
+            error=error,
+            limit_s=limit,
+            outcome=ended.outcome,
+            stderr_tail=ended.stderr_tail,
+        )
+    strays = {"strays_killed": ended.strays} if ended.strays else {}
+    results.add(
+        stage,
+        "stage time",
+        None,
+        seconds=ended.seconds,
+        limit_s=limit,
+        outcome=ended.outcome,
+        **strays,
+    )
 
 
 # ---- summary ----------------------------------------------------------------------------------
@@ -946,8 +1091,10 @@ SUMMARY_FIELDS = (
     "kernel", "value_error", "grad_error", "grad_hidden_error", "grad_weight_error",
     "forward_ms", "backward_ms", "gb_s", "hbm_share", "time_vs_megatron_ce", "time_vs_te_ce",
     "peak_mib", "peak_vs_megatron_ce", "peak_vs_te_ce", "vs_floor", "cuda_reported", "causes",
-    "new_graphs_per_call", "replay_error", "main_grad_rel_error", "skipped", "error", "seconds",
+    "new_graphs_per_call", "replay_error", "data_parallel", "digit_share", "main_grad_rel_error",
+    "lm_loss_rel_error", "del_term_rel_error", "run_seconds", "skipped", "error",
 )  # fmt: skip
+DRIVER_CHECKS = ("stage time", "stage limits")
 
 
 def _cell(value) -> str:
@@ -958,10 +1105,30 @@ def _cell(value) -> str:
     return str(value)[:80]
 
 
+def _stage_table(rows: List[dict]) -> List[str]:
+    """Each stage's limit, time and how it ended, and the limits against the envelope."""
+    plan = next((r for r in rows if r["check"] == "stage limits"), None)
+    if plan is None:
+        return []
+    times = {r["stage"]: r for r in rows if r["check"] == "stage time"}
+    lines = ["", "| stage | limit s | took s | ended |", "|---|---|---|---|"]
+    for stage, limit in plan["limits_s"].items():
+        took = times.get(stage, {})
+        seconds, ended = took.get("seconds", ""), took.get("outcome", "not run")
+        lines.append(f"| {stage} | {limit:g} | {seconds} | {ended} |")
+    lines.append(
+        f"stage limits add up to {plan['sum_s']:g} s of the {plan['envelope_s']:g} s envelope"
+    )
+    return lines
+
+
 def summary(rows: List[dict]) -> str:
-    """A Markdown table, one line per row, and the verdict: passed, failed and figures."""
+    """A Markdown table, one line per result, the stages' limits and times, and the verdict:
+    passed, failed and the stages with no result."""
     lines = ["| stage | check | ok | figures |", "|---|---|---|---|"]
     for row in rows:
+        if row["check"] in DRIVER_CHECKS:
+            continue
         if row["stage"] == "environment" and row["check"] == "environment":
             figures = ", ".join(
                 f"{k} {_cell(v)}" for k, v in row.items() if k not in ("stage", "check", "ok")
@@ -974,11 +1141,22 @@ def summary(rows: List[dict]) -> str:
         lines.append(f"| {row['stage']} | {row['check']} | {mark} | {figures} |")
     failed = [r for r in rows if r["ok"] is False]
     passed = [r for r in rows if r["ok"] is True]
-    stages = [s for s in STAGES if not any(r["stage"] == s for r in rows)]
+    plan = next((r["limits_s"] for r in rows if r["check"] == "stage limits"), STAGES)
+    expected = [s for s in STAGES if s in plan or (s == "memory" and "speed" in plan)]
+    missing = [
+        s
+        for s in expected
+        if not any(r["stage"] == s and r["check"] != "stage limits" for r in rows)
+    ]
     verdict = f"{len(passed)} passed, {len(failed)} failed"
-    if stages:
-        verdict += f"; no result from: {', '.join(stages)}"
-    return "\n".join(lines + ["", verdict])
+    killed = [
+        r["stage"] for r in rows if r["check"] == "stage time" and r.get("outcome") == "killed"
+    ]
+    if killed:
+        verdict += f"; killed at their limit: {', '.join(killed)}"
+    if missing:
+        verdict += f"; no result from: {', '.join(missing)}"
+    return "\n".join(lines + _stage_table(rows) + ["", verdict])
 
 
 def read_rows(path: Path) -> List[dict]:
@@ -997,22 +1175,36 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", action="store_true", help="every stage at toy sizes on the CPU")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     parser.add_argument("--summary", type=Path, help="print the summary of a JSON lines file")
+    parser.add_argument("--envelope-s", type=float, help="the whole run's seconds")
+    parser.add_argument("--no-summary", action="store_true", help="(gpu_check.sh prints it)")
+    parser.add_argument("--stage", choices=list(STAGE_FUNCTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.summary:
         rows = read_rows(args.summary)
         print(summary(rows))
         return 1 if any(r["ok"] is False for r in rows) or not rows else 0
+    if args.stage:
+        return run_stage(args.stage, args.cpu, args.out, args.deadline)
     if not args.cpu and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible (use --cpu for the toy-size run)", file=sys.stderr)
         return 2
-    device = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
+    asked = {"speed" if s == "memory" else s for s in args.stages} | {"environment"}
+    envelope_s = args.envelope_s or ENVELOPE_S["cpu" if args.cpu else "gpu"]
+    limits = stage_limits(args.cpu, sorted(asked), envelope_s)
     results = Results(args.out / "gpu_check.jsonl")
-    ctx = Context(device, CPU_SIZES if args.cpu else GPU_SIZES, results, args.out)
-    asked = ["speed" if s == "memory" else s for s in args.stages]  # speed writes both
-    stages = ["environment"] + [s for s in STAGE_FUNCTIONS if s in asked and s != "environment"]
-    run(ctx, stages, {} if args.cpu else GPU_LIMITS)
-    print(summary(results.rows))
-    return 1 if any(r["ok"] is False for r in results.rows) else 0
+    base = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out)]
+    base += ["--cpu"] if args.cpu else []
+    drive(
+        results,
+        limits,
+        envelope_s,
+        lambda stage, deadline: [*base, "--stage", stage, "--deadline", str(deadline)],
+    )
+    rows = read_rows(results.path)
+    if not args.no_summary:
+        print(summary(rows))
+    return 1 if any(r["ok"] is False for r in rows) else 0
 
 
 if __name__ == "__main__":
