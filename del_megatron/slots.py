@@ -49,8 +49,9 @@ LAYOUT = _layout()
 
 
 def label_prefix(target: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """int64 [n, 2]: the first two digits (p, q) of each number-token label in target [n]
-    (codes: DigitVocab.token_codes); 0 where the label has no such digit."""
+    """int64 [n, 3] for target [n] (codes: DigitVocab.token_codes): the label's first two digits
+    (p, q; 0 where it has no such digit) and its position in the layout (-1 where the label is
+    not a number token)."""
     other = codes.numel() - 1
     ids = torch.where((target >= 0) & (target < other), target, other)
     code = codes[ids]
@@ -59,7 +60,9 @@ def label_prefix(target: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     first_unit = torch.where(count == 3, 100, torch.where(count == 2, 10, 1))
     p = value // first_unit
     q = torch.where(count >= 2, (value // (first_unit // 10).clamp(min=1)) % 10, 0)
-    return torch.stack([p, q], dim=-1)
+    within = torch.where(count == 3, 11 + 10 * q + value % 10, torch.where(count == 2, 1 + q, 0))
+    position = torch.where(count > 0, ROW * p + within, -1)
+    return torch.stack([p, q, position], dim=-1)
 
 
 def _block(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -75,7 +78,7 @@ def _third(block: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def local_maxima(x: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
     """[n, 20] the maxima of this shard's slot-1 groups, then of its slot-2 groups (-inf where it
-    holds none of a group), from layout values x [n, 1110] and prefix [n, 2]."""
+    holds none of a group), from layout values x [n, 1110] and prefix [n, 3] (label_prefix)."""
     m1 = x.view(-1, NUM_DIGITS, ROW).amax(dim=-1)
     block = _block(x, prefix[:, 0])
     three = block[:, THREE_DIGITS].view(-1, NUM_DIGITS, NUM_DIGITS).amax(dim=-1)
@@ -110,16 +113,23 @@ def finish(sums: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
     return torch.cat([maxima + torch.log(sums[:, :MAXIMA]), sums[:, MAXIMA:]], dim=-1)
 
 
-def slot_gradient(
-    x: torch.Tensor, prefix: torch.Tensor, z: torch.Tensor, grad_z: torch.Tensor
+def add_slot_gradient_(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    prefix: torch.Tensor,
+    z: torch.Tensor,
+    grad_z: torch.Tensor,
 ) -> torch.Tensor:
-    """[n, 1110] d(loss)/d(x) over the layout, given the slot logits z [n, 30] that x [n, 1110]
-    gave and their upstream gradient grad_z [n, 30]: grad_z^(j)_k * exp(x_t - z^(j)_k) for every
-    slot-j candidate t of digit k (slot 3: grad_z^(3)_k itself)."""
+    """grad [n, 1110] += d(loss)/d(x) over the layout, given the slot logits z [n, 30] that
+    x [n, 1110] gave and their upstream gradient grad_z [n, 30]: grad_z^(j)_k * exp(x_t -
+    z^(j)_k) for every slot-j candidate t of digit k (slot 3: grad_z^(3)_k itself). Returns
+    grad."""
     n = x.size(0)
     g1, g2, g3 = grad_z.view(n, SLOTS, NUM_DIGITS).unbind(1)
     z1, z2 = z[:, :NUM_DIGITS], z[:, NUM_DIGITS:MAXIMA]
-    grad = torch.exp(x.view(n, NUM_DIGITS, ROW) - z1.unsqueeze(-1)).mul_(g1.unsqueeze(-1))
+    by_row = grad.view(n, NUM_DIGITS, ROW)
+    slot1 = torch.sub(x.view(n, NUM_DIGITS, ROW), z1.unsqueeze(-1)).exp_()
+    by_row.addcmul_(slot1, g1.unsqueeze(-1))
     p, q = prefix[:, 0], prefix[:, 1]
     block = _block(x, p)
     two = torch.exp(block[:, TWO_DIGITS] - z2) * g2
@@ -127,5 +137,12 @@ def slot_gradient(
     three = torch.exp(three - z2.unsqueeze(-1)) * g2.unsqueeze(-1)
     three.scatter_add_(1, q.view(-1, 1, 1).expand(-1, 1, NUM_DIGITS), g3.unsqueeze(1))
     extra = torch.cat([torch.zeros_like(two[:, :1]), two, three.view(n, -1)], dim=-1)
-    grad.scatter_add_(1, p.view(-1, 1, 1).expand(-1, 1, ROW), extra.unsqueeze(1))
-    return grad.view(n, -1)
+    by_row.scatter_add_(1, p.view(-1, 1, 1).expand(-1, 1, ROW), extra.unsqueeze(1))
+    return grad
+
+
+def slot_gradient(
+    x: torch.Tensor, prefix: torch.Tensor, z: torch.Tensor, grad_z: torch.Tensor
+) -> torch.Tensor:
+    """[n, 1110] d(loss)/d(x) over the layout (add_slot_gradient_ into zeros)."""
+    return add_slot_gradient_(torch.zeros_like(x), x, prefix, z, grad_z)

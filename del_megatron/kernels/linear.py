@@ -245,6 +245,8 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                     sub_step,
                     early.ce_weights[part],
                     None,
+                    prefix=chunk_prefix,
+                    number_values=values if prefix is not None else None,
                 )
                 _add_chunk_gradients_(
                     logits,

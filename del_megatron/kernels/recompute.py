@@ -290,11 +290,13 @@ def gradient_into(
     prefix: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     layout_grad: Optional[torch.Tensor] = None,
+    number_values: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
     upstream gradients of ce [n] and of the number columns' output [n, W] (None: zero). Written
     into `grad` (which may be `logits` itself); grad None: a new buffer. Returns it. prefix and
-    out: a chunking vocab's label prefixes [n, 2] and the slot logits [n, W] forward gave.
+    out: a chunking vocab's label prefixes [n, 3] and the slot logits [n, W] forward gave;
+    number_values: its layout values [n, 1110] as forward read them (else read from `logits`).
 
     forward_values (target probability exp(-ce) [n], plan.digits.forward_values of forward),
     as forward formed them: the target and number columns take their gradient from these, not
@@ -306,11 +308,12 @@ def gradient_into(
     onehot_column = rows.onehot_column()
     n, numbers = logits.size(0), plan.digits
     # The number columns' values are read before an in-place gradient overwrites them.
-    values = None
-    if numbers.columns and layout_grad is None and forward_values is not None:
-        values = numbers.values_from_forward(forward_values[1]).to(shift.dtype)
-    elif numbers.columns and layout_grad is None:
-        values = numbers.values(logits, shift.dtype)
+    values = number_values
+    if values is None and layout_grad is None and numbers.columns:
+        if forward_values is not None:
+            values = numbers.values_from_forward(forward_values[1]).to(shift.dtype)
+        else:
+            values = numbers.values(logits, shift.dtype)
     if grad is None and step >= n:
         grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
     else:
@@ -361,18 +364,20 @@ def _forward(
     rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
     prefix = plan.digits.prefix(target)
     first_pass, _ = passes(compiled)
-    ce, out, shift, log_sum_exp = statistics(
-        logits, rows, plan, first_pass, plan.chunk_tokens, plan.validate, prefix
+    ce, out, shift, log_sum_exp, values = statistics(
+        logits, rows, plan, first_pass, plan.chunk_tokens, plan.validate, prefix, True
     )
-    slot_out = out if prefix is not None else None
-    ctx.save_for_backward(logits, shift, log_sum_exp, prefix, slot_out, *rows)
+    # A chunking vocab's layout values and slot logits, kept: backward does not read the 1,110
+    # columns again.
+    slot_out, values = (out, values) if prefix is not None else (None, None)
+    ctx.save_for_backward(logits, shift, log_sum_exp, prefix, slot_out, values, *rows)
     ctx.plan, ctx.compiled = plan, compiled
     ctx.set_materialize_grads(False)
     return ce, out
 
 
 def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-    logits, shift, log_sum_exp, prefix, out, *saved_rows = ctx.saved_tensors
+    logits, shift, log_sum_exp, prefix, out, values, *saved_rows = ctx.saved_tensors
     plan = ctx.plan
     _, second_pass = passes(ctx.compiled)
     grad = gradient_into(
@@ -388,6 +393,7 @@ def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.
         grad_digits,
         prefix=prefix,
         out=out,
+        number_values=values,
     )
     return grad, None, None
 

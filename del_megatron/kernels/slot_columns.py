@@ -70,7 +70,8 @@ class SlotColumns:
         )
 
     def prefix(self, target: torch.Tensor) -> torch.Tensor:
-        """int64 [N, 2]: each label's first two digits (slots.label_prefix)."""
+        """int64 [N, 3]: each label's first two digits and layout position
+        (slots.label_prefix)."""
         return slots.label_prefix(target, self.vocab.token_codes(target.device))
 
     def values(self, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -121,13 +122,15 @@ class SlotColumns:
         """[N, k] the whole gradient at the held columns, in values' dtype: the softmax's
         (p - onehot) * scale plus what grad_out [N, 30] of the slot logits out [N, 30] gives.
         held_only=False: over the whole layout [N, 1110] (pick() takes the held ones)."""
-        _, layout, _, positions, _ = self._tensors(values.device)
-        grad = torch.exp(values - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
+        grad = torch.sub(values, shift.unsqueeze(-1)).sub_(log_sum_exp.unsqueeze(-1)).exp_()
         grad.mul_(scale.unsqueeze(-1))
-        hit = onehot_column.unsqueeze(-1) == layout
-        grad.sub_(torch.where(hit, scale.unsqueeze(-1), 0.0))
+        # -scale at the target's column, where this shard (tile) holds the target
+        position = prefix[:, 2]
+        hit = (position >= 0) & (onehot_column >= 0)
+        minus = torch.where(hit, -scale, 0.0).unsqueeze(-1)
+        grad.scatter_add_(-1, position.clamp(min=0).unsqueeze(-1), minus)
         if grad_out is not None:
-            grad += slots.slot_gradient(values, prefix, out, grad_out.to(values.dtype))
+            slots.add_slot_gradient_(grad, values, prefix, out, grad_out.to(values.dtype))
         return self.pick(grad) if held_only else grad
 
     def pick(self, layout_values: torch.Tensor) -> torch.Tensor:
