@@ -1,10 +1,12 @@
-"""The vocab-parallel primitive: per-token cross-entropy and the ten digit logits in one pass.
+"""The vocab-parallel primitive: per-token cross-entropy and the ten digit logits (or a chunking
+vocab's slot logits) in one pass.
 
 Every kernel computes, from a [N, V/tp] logits shard (rank r holds ids [r * V/tp, (r+1) * V/tp);
 the linear kernel multiplies the shard out of hidden [N, h] and weight [V/tp, h] chunk by chunk),
-ce [N] and the raw digit logits [N, W] (W = 10, or the 1,110 number tokens of a chunking vocab),
-with the same two collectives (common.py): one MAX all-reduce (with the shard-size check) and one
-SUM all-reduce of [N, 2 + W]. Backward needs none
+ce [N] and the raw digit logits [N, W] (W = 10; for a chunking vocab the slot logits, W = 30,
+formed from each rank's partial sums: slot_columns.py), with the same two collectives
+(common.py): one MAX all-reduce (with the shard-size check) and one SUM all-reduce of
+[N, 2 + W]. Backward needs none
 (the linear kernel adds Megatron's SUM of grad_hidden). Each kernel is one autograd Function,
 called as Kernel.apply(*inputs, target, plan); digit_cross_entropy below picks and calls one.
 

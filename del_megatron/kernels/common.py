@@ -2,9 +2,10 @@
 number-token columns, the compute dtype, the chunk size, and the two collectives.
 
 The collectives are the whole communication of the primitive (docs/DEL.md, "tensor parallelism"):
-one MAX all-reduce of the row maxima that also carries +-local_size for the shard-size check,
-and one SUM all-reduce of an [N, 2 + W] buffer (sum of exp | target logit | the raw logits of
-the W number tokens: the ten digits, or all 1,110 of a chunking vocab).
+one MAX all-reduce of the row maxima that also carries +-local_size for the shard-size check
+(and, for a chunking vocab, 20 slot-group maxima a row), and one SUM all-reduce of an
+[N, 2 + W] buffer (sum of exp | target logit | the ten digit logits, or a chunking vocab's 30
+slot partial sums: kernels/slot_columns.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 # TP group of parallel_state": port a call site by passing the group explicitly.
 ProcessGroup = Optional["dist.ProcessGroup"]
 
-# Columns of the packed SUM buffer: sum of exp, target logit, then the number tokens' logits.
+# Columns of the packed SUM buffer: sum of exp, target logit, then the number tokens' W.
 SUM_EXP, TARGET_LOGIT, DIGITS = 0, 1, slice(2, None)
 
 
@@ -359,14 +360,15 @@ def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -
 
 
 def new_packed(n: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[N, 2 + width] zeros: sum of exp | target logit | the width number tokens' logits, for
-    sum_packed."""
+    """[N, 2 + width] zeros: sum of exp | target logit | the number columns' width entries
+    (digit logits, or slot partial sums), for sum_packed."""
     return torch.zeros(n, 2 + width, dtype=dtype, device=device)
 
 
 def sum_packed(packed: torch.Tensor, shard: VocabShard) -> None:
     """The SUM all-reduce: each rank's partial sums of exp, its target logits (0 where another
-    shard holds the target) and its digit logits (0 where another shard holds the digit)."""
+    shard holds the target) and its number columns' entries (0 where another shard holds the
+    digit)."""
     shard.all_reduce(packed, dist.ReduceOp.SUM)
 
 
