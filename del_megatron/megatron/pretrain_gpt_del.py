@@ -13,7 +13,8 @@ unless --del-digit-token-ids is given. It imports Megatron-LM's own pretrain_gpt
 `pretrain(extra_args_provider=...)` (core <= 0.17), `parse_and_validate_args(...)` +
 `pretrain(full_config, model_provider, ...)` (core 0.18) and `pretrain(full_config)` with a model
 config instead of a provider (core 0.19). Tested against Megatron-LM core_v0.16.1, core_v0.18.0
-and core_v0.19.0 (tests/e2e).
+and core_v0.19.0 (tests/e2e) and a development commit (docs/testing.md). It may also be launched
+from a tree that our patch already changed: each of its wrappers then acts once.
 """
 
 from __future__ import annotations
