@@ -281,6 +281,7 @@ def test_the_exact_product_takes_the_fastest_route_the_device_has(monkeypatch):
     assert linear._probe_fp32_output_gemm(cpu) is False  # torch has no CPU kernel for it
     assert linear._probe_fp32_output_addmm(cpu) is False
     probed = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
     monkeypatch.setattr(linear, "_FP32_OUTPUT_GEMM", {})
     monkeypatch.setattr(linear, "_FP32_OUTPUT_ADDMM", {})
     monkeypatch.setattr(linear, "_probe_fp32_output_gemm", lambda d: probed.append(d) or True)
