@@ -12,6 +12,8 @@ fused code path (tensor_parallel/layers.py) runs unchanged around it.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import types
 from functools import partial
 from typing import Any, Dict, List
@@ -33,22 +35,52 @@ MICRO_BATCHES, MICRO_BATCH = 2, 2
 BUCKET_SIZE = 1000
 
 
+# (data_ptr, shape) of every d_weight the stand-in added to, in call order.
+WGRAD_CALLS: List[tuple] = []
+
+
 def _wgrad_gemm_accum(input: torch.Tensor, d_output: torch.Tensor, d_weight: torch.Tensor):
     """d_weight [out, in] += d_output [n, out]^T @ input [n, in], formed in fp32 and added in
-    d_weight's dtype (apex: cublasGemmEx with fp32 compute, beta = 1)."""
+    d_weight's dtype (apex: cublasGemmEx with fp32 compute, beta = 1, row-major operands)."""
+    assert input.is_contiguous() and d_output.is_contiguous() and d_weight.is_contiguous()
+    WGRAD_CALLS.append((d_weight.data_ptr(), tuple(d_weight.shape)))
     product = torch.matmul(d_output.t().float(), input.float())
     d_weight.add_(product.to(d_weight.dtype))
+
+
+def _stand_in() -> types.ModuleType:
+    stand_in = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    stand_in.wgrad_gemm_accum_fp32 = _wgrad_gemm_accum
+    stand_in.wgrad_gemm_accum_fp16 = _wgrad_gemm_accum
+    return stand_in
 
 
 def install_fused_wgrad_stand_in() -> None:
     """Make Megatron's layers see fused_weight_gradient_mlp_cuda (the stand-in above)."""
     from megatron.core.tensor_parallel import layers
 
-    stand_in = types.ModuleType("fused_weight_gradient_mlp_cuda")
-    stand_in.wgrad_gemm_accum_fp32 = _wgrad_gemm_accum
-    stand_in.wgrad_gemm_accum_fp16 = _wgrad_gemm_accum
-    layers.fused_weight_gradient_mlp_cuda = stand_in
+    layers.fused_weight_gradient_mlp_cuda = _stand_in()
     layers._grad_accum_fusion_available = True
+
+
+@contextlib.contextmanager
+def fused_wgrad_for_the_loss():
+    """While active, the logits-free loss imports the stand-in as Megatron does and hands it
+    these CPU tensors (kernels/linear.py: on CUDA only otherwise); undone after, as these
+    processes serve later tests."""
+    from del_megatron.kernels import linear
+
+    saved = (sys.modules.get(linear.FUSED_WGRAD_MODULE), linear.FUSED_WGRAD_DEVICE_TYPES)
+    sys.modules[linear.FUSED_WGRAD_MODULE] = _stand_in()
+    linear.FUSED_WGRAD_DEVICE_TYPES, linear._fused_wgrad = ("cuda", "cpu"), linear._NOT_IMPORTED
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            del sys.modules[linear.FUSED_WGRAD_MODULE]
+        else:
+            sys.modules[linear.FUSED_WGRAD_MODULE] = saved[0]
+        linear.FUSED_WGRAD_DEVICE_TYPES, linear._fused_wgrad = saved[1], linear._NOT_IMPORTED
 
 
 def _ddp_gpt(mtp_layers, fusion: bool):
@@ -133,6 +165,7 @@ def train(logits_free, mtp_layers, fusion: bool, steps: int) -> Dict[str, Any]:
                 micro_batch_size=MICRO_BATCH,
             )
             if step == 0:
+                record["main_grads"] = [p.main_grad for p in model.parameters()]
                 record["main_grad"] = weight.main_grad.clone()
                 record["grad_added_to_main_grad"] = weight.grad_added_to_main_grad
                 record["grad"] = weight.grad
@@ -157,7 +190,9 @@ def check_logits_free_under_ddp(mtp_layers, fusion: bool, route, steps: int) -> 
     - every step runs (with the overlapped all-gather a logits-free step that never waits for
       the output weight's gather stops the next one on `param_gather_handle is None`);
     - the output weight's main_grad after the first backward: the same fp32 values, and with
-      fusion the protocol's attributes: grad_added_to_main_grad set, no .grad left;
+      fusion the protocol's attributes: grad_added_to_main_grad set, no .grad left, and the
+      logits-free loss's own products added by the fused extension (the stand-in) as
+      Megatron's layers add theirs;
     - every logged value: step 1 (same weights) to fp32 rounding but the grad norm, later steps
       to one bf16 eps (2^-8, relative; the digit accuracy to one digit target): the two paths
       round the bf16 gradients at different points (chunked or tiled sums against one GEMM), so
@@ -168,9 +203,16 @@ def check_logits_free_under_ddp(mtp_layers, fusion: bool, route, steps: int) -> 
 
     if _refused_by_this_core():
         return
-    with torch_cuda_on_cpu():
+    fused = fused_wgrad_for_the_loss() if fusion else contextlib.nullcontext()
+    with torch_cuda_on_cpu(), fused:
         want = train(False, mtp_layers, fusion, steps)
+        WGRAD_CALLS.clear()
         ours = train(route, mtp_layers, fusion, steps)
+    if fusion:
+        # the logits-free loss's own products (its accumulator, or main_grad's vocab tiles) went
+        # through the fused extension too, not only Megatron's layers
+        params = {(p.data_ptr(), tuple(p.shape)) for p in ours["main_grads"]}
+        assert [call for call in WGRAD_CALLS if call not in params], "no fused call of the loss"
     assert len(ours["reports"]) == len(want["reports"]) == steps
     for record in (ours, want):
         assert record["main_grad"].dtype == torch.float32
