@@ -186,6 +186,8 @@ def test_register_from_args_refuses_before_any_model_naming_the_flag_and_the_way
             ),
         ),  # fmt: skip
         ("auto", dict(logit_dtype=torch.bfloat16, bf16=True, params_dtype=torch.bfloat16)),
+        # a model config: Float16Module casts the fp32-built model to bf16
+        ("auto", dict(logit_dtype=torch.bfloat16, bf16=True, params_dtype=torch.float32)),
         ("auto", dict(logit_dtype=torch.float32)),  # an fp32 run: already its logits' dtype
     ],
 )

@@ -191,16 +191,14 @@ def _dtype(value: Any) -> Optional[torch.dtype]:
     return _DTYPE_NAMES.get(str(value).lower())
 
 
-def _run_dtype(settings: Any) -> Optional[torch.dtype]:
-    """The dtype the output layer's input has in this run (params_dtype, or --bf16/--fp16)."""
-    params = _dtype(getattr(settings, "params_dtype", None))
-    if params is not None:
-        return params
+def _run_dtype(settings: Any) -> torch.dtype:
+    """The dtype the output layer's input has in this run: bf16/fp16 under --bf16/--fp16
+    (Megatron's Float16Module casts the model), else params_dtype (fp32 by default)."""
     if getattr(settings, "bf16", False):
         return torch.bfloat16
     if getattr(settings, "fp16", False):
         return torch.float16
-    return torch.float32
+    return _dtype(getattr(settings, "params_dtype", None)) or torch.float32
 
 
 def check_logit_dtype(logit_dtype: Any, hidden_dtype: Optional[torch.dtype]) -> None:
