@@ -268,7 +268,10 @@ BIG_VOCAB += ["--global-batch-size", "4", "--train-iters", "2", "--eval-iters", 
 @newest_tag
 def test_logits_free_peak_memory_is_below_the_materialised_runs(trainers, tag):
     """The same 2 steps at TP=2, peak RSS of the largest rank: the logits-free run's is lower
-    by at least one copy of the logits. Both figures go to memory.json beside the runs."""
+    by at least one copy of the logits less one of its chunks. (The run is in fp32, so the
+    materialised loss takes its gradient in place, over its one copy of the logits, as
+    Megatron's CE does; the logits-free run holds a chunk and its gradient at a time.) Both
+    figures go to memory.json beside the runs."""
     trainer = trainers(tag, PATCHED)
     if not core_supports():
         _assert_logits_free_refused(trainer)
@@ -285,10 +288,11 @@ def test_logits_free_peak_memory_is_below_the_materialised_runs(trainers, tag):
         "materialised_peak_rss_mib": materialised.peak_rss_mib,
         "logits_free_peak_rss_mib": logits_free.peak_rss_mib,
         "logits_copy_mib": 2048 * 65536 * 4 / 2**20,
+        "logits_free_chunk_mib": 256,
     }
     (trainer.workdir / "memory.json").write_text(json.dumps(figures, indent=1))
     saved = materialised.peak_rss_mib - logits_free.peak_rss_mib
-    assert saved >= figures["logits_copy_mib"], figures
+    assert saved >= figures["logits_copy_mib"] - figures["logits_free_chunk_mib"], figures
 
 
 @newest_tag
