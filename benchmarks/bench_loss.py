@@ -19,9 +19,10 @@ Rows (`impl`): megatron_ce (the reference of every ratio), megatron_fused (its t
 variant) and, on CUDA where Transformer Engine is installed, te_ce (Megatron's wrapper of TE's
 parallel cross-entropy); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto":
 `kernel` names the one it took on this device); del_softmax, del_recompute and del_compiled
-(DEL with each kernel forced); del_chunked (DEL with a chunking vocab: the 1,110 number
-tokens' logits gathered and reduced to slot logits, ids 1000..2099 for the multi-digit ones; its
-cost does not depend on the labels); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
+(DEL with each kernel forced); del_chunked (DEL with a chunking vocab: each rank's slot partial
+sums over its share of the 1,110 number tokens, the multi-digit ones at scattered ids; its cost
+does not depend on the labels; time_vs_del_paired: its time over del's in the same round, the
+median over rounds); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
 ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
 del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
@@ -61,9 +62,14 @@ from del_megatron.numbers import number_layout  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 VOCAB = dm.DigitVocab(digit_ids=range(15, 25), decimal_point_ids=[13])
-# The same ids in a chunking vocab (Llama-3's digits and point; its 1,100 two- and three-digit
-# tokens at ids 1000..2099): the del_chunked row.
-CHUNKED_VOCAB = dm.DigitVocab(VOCAB.digit_ids, VOCAB.decimal_point_ids, range(1000, 2100))
+# The same ids in a chunking vocab (Llama-3's digits and point), its 1,100 two- and three-digit
+# tokens at ids drawn at random below 32000 (the smallest vocab here), scattered as a BPE
+# scatters them (Llama-3.2's lie between 410 and 28,384): the del_chunked row.
+CHUNKED_VOCAB = dm.DigitVocab(
+    VOCAB.digit_ids,
+    VOCAB.decimal_point_ids,
+    (30 + torch.randperm(32000 - 30, generator=torch.Generator().manual_seed(3))[:1100]).tolist(),
+)
 ALPHA = 0.01
 
 
@@ -379,14 +385,18 @@ def _worker(rank, world, port, case, phase, reps, names, queue, threads=None):
             shift = rep % len(order)
             for name in order[shift:] + order[:shift]:
                 times[name].append(_one_step(impls[name], make_inputs, meter)[:2])
+        totals = {name: [fwd + bwd for fwd, bwd in times[name]] for name in order}
         for name in order:
-            total = [fwd + bwd for fwd, bwd in times[name]]
+            total = totals[name]
             rows[name].update(
                 time_s=statistics.median(total),
                 time_min_s=min(total),
                 forward_s=statistics.median(fwd for fwd, _ in times[name]),
                 backward_s=statistics.median(bwd for _, bwd in times[name]),
             )
+            for key, against in PAIRED.get(name, {}).items():
+                if against in totals:
+                    rows[name][key] = _paired_ratio(total, totals[against])
         if not case.get("hidden"):
             rows["place_weights"] = {"time_s": _time_place_weights(make_inputs()[0], reps)}
     gathered = [None] * world
@@ -398,6 +408,16 @@ def _worker(rank, world, port, case, phase, reps, names, queue, threads=None):
         queue.put(merged)
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+# Rows timed against another in the same rounds, besides megatron_ce (row -> {key: other}).
+PAIRED = {"del_chunked": {"time_vs_del_paired": "del"}}
+
+
+def _paired_ratio(times: list, others: list) -> float:
+    """Median over rounds of time / other's time in the same round (each round runs every row
+    once, back to back): a drift of the machine between rounds falls on both alike."""
+    return statistics.median(a / b for a, b in zip(times, others, strict=True))
 
 
 def _time_place_weights(labels, reps: int) -> float:

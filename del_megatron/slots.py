@@ -13,7 +13,7 @@ first two digits p, q:
 A shard holds some of the tokens (the others are -inf in its x). It gives the maxima of its
 slot-1 and slot-2 groups (local_maxima: [n, 20], for the MAX all-reduce), then, relative to the
 global maxima, its sums of exp and its slot-3 logits (partial_sums: [n, 30], for the SUM
-all-reduce); finish() turns the reduced sums into z. slot_gradient() is the gradient of z
+all-reduce); finish() turns the reduced sums into z. gradient() is the gradient of z
 back to the layout. Plain torch, nothing read on the host.
 """
 
@@ -96,7 +96,7 @@ def partial_sums(
     over the shards. held: bool [1110] layout positions this shard holds (None: all)."""
     n = x.size(0)
     m1, m2 = maxima[:, :NUM_DIGITS], maxima[:, NUM_DIGITS:]
-    s1 = torch.exp(x.view(n, NUM_DIGITS, ROW) - m1.unsqueeze(-1)).sum(dim=-1)
+    s1 = torch.sub(x.view(n, NUM_DIGITS, ROW), m1.unsqueeze(-1)).exp_().sum(dim=-1)
     block = _block(x, prefix[:, 0])
     three = block[:, THREE_DIGITS].view(n, NUM_DIGITS, NUM_DIGITS)
     s2 = torch.exp(block[:, TWO_DIGITS] - m2) + torch.exp(three - m2.unsqueeze(-1)).sum(dim=-1)
@@ -113,23 +113,43 @@ def finish(sums: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
     return torch.cat([maxima + torch.log(sums[:, :MAXIMA]), sums[:, MAXIMA:]], dim=-1)
 
 
-def add_slot_gradient_(
-    grad: torch.Tensor,
+def gradient(
     x: torch.Tensor,
     prefix: torch.Tensor,
     z: torch.Tensor,
-    grad_z: torch.Tensor,
+    grad_z: Optional[torch.Tensor] = None,
+    softmax: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """grad [n, 1110] += d(loss)/d(x) over the layout, given the slot logits z [n, 30] that
-    x [n, 1110] gave and their upstream gradient grad_z [n, 30]: grad_z^(j)_k * exp(x_t -
-    z^(j)_k) for every slot-j candidate t of digit k (slot 3: grad_z^(3)_k itself). Returns
-    grad."""
+    """[n, 1110] d(loss)/d(x) over the layout, given the slot logits z [n, 30] that x [n, 1110]
+    gave: what their upstream gradient grad_z [n, 30] gives (grad_z^(j)_k * exp(x_t -
+    z^(j)_k) for every slot-j candidate t of digit k; slot 3: grad_z^(3)_k itself), plus with
+    softmax = (scale, shift, log_sum_exp), each [n], the cross-entropy's scale * exp(x - shift -
+    log_sum_exp) (without the target's -scale).
+
+    Both share one exp over the layout: exp(x - shift - log_sum_exp) = exp(x - z^(1)_k) *
+    exp(z^(1)_k - shift - log_sum_exp), where x_t <= z^(1)_k for t in digit k's group and
+    z^(1)_k <= shift + log_sum_exp, so neither factor overflows."""
     n = x.size(0)
-    g1, g2, g3 = grad_z.view(n, SLOTS, NUM_DIGITS).unbind(1)
-    z1, z2 = z[:, :NUM_DIGITS], z[:, NUM_DIGITS:MAXIMA]
-    by_row = grad.view(n, NUM_DIGITS, ROW)
-    slot1 = torch.sub(x.view(n, NUM_DIGITS, ROW), z1.unsqueeze(-1)).exp_()
-    by_row.addcmul_(slot1, g1.unsqueeze(-1))
+    z1 = z[:, :NUM_DIGITS]
+    coef = torch.zeros_like(z1) if grad_z is None else grad_z[:, :NUM_DIGITS].to(x.dtype)
+    if softmax is not None:
+        scale, shift, log_sum_exp = softmax
+        ratio = torch.exp(z1 - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
+        coef = coef + scale.unsqueeze(-1) * ratio
+    grad = torch.sub(x.view(n, NUM_DIGITS, ROW), z1.unsqueeze(-1)).exp_()
+    grad.mul_(coef.unsqueeze(-1))
+    if grad_z is not None:
+        _add_later_slots_(grad, x, prefix, z, grad_z.to(x.dtype))
+    return grad.view(n, -1)
+
+
+def _add_later_slots_(
+    grad: torch.Tensor, x: torch.Tensor, prefix: torch.Tensor, z: torch.Tensor, grad_z: torch.Tensor
+) -> None:
+    """grad [n, 10, 111] += the gradient of slots 2 and 3, in the label's first digit's row."""
+    n = x.size(0)
+    g2, g3 = grad_z[:, NUM_DIGITS:MAXIMA], grad_z[:, MAXIMA:]
+    z2 = z[:, NUM_DIGITS:MAXIMA]
     p, q = prefix[:, 0], prefix[:, 1]
     block = _block(x, p)
     two = torch.exp(block[:, TWO_DIGITS] - z2) * g2
@@ -137,12 +157,4 @@ def add_slot_gradient_(
     three = torch.exp(three - z2.unsqueeze(-1)) * g2.unsqueeze(-1)
     three.scatter_add_(1, q.view(-1, 1, 1).expand(-1, 1, NUM_DIGITS), g3.unsqueeze(1))
     extra = torch.cat([torch.zeros_like(two[:, :1]), two, three.view(n, -1)], dim=-1)
-    by_row.scatter_add_(1, p.view(-1, 1, 1).expand(-1, 1, ROW), extra.unsqueeze(1))
-    return grad
-
-
-def slot_gradient(
-    x: torch.Tensor, prefix: torch.Tensor, z: torch.Tensor, grad_z: torch.Tensor
-) -> torch.Tensor:
-    """[n, 1110] d(loss)/d(x) over the layout (add_slot_gradient_ into zeros)."""
-    return add_slot_gradient_(torch.zeros_like(x), x, prefix, z, grad_z)
+    grad.scatter_add_(1, p.view(-1, 1, 1).expand(-1, 1, ROW), extra.unsqueeze(1))

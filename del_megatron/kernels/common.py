@@ -65,21 +65,14 @@ class VocabShard:
             dist.all_reduce(tensor, op=op, group=self.group)
 
 
-# Above this many number-token columns (a chunking vocab's 1,110) a shard's columns are read
-# with a row-wise gather and written with index_put_: on a CPU these take about half the time of
-# index_select / index_copy_ along the last dim of [N, V/tp] logits; for ten digits the latter
-# are the faster ones.
-MANY_COLUMNS = 64
-
-
 @dataclass(frozen=True)
 class DigitColumns:
-    """The number tokens whose ids fall in this shard: their places k in the vocab's
-    number_tokens() order (the digit 0..9 itself, one digit a token; 0..1109 for a chunking
-    vocab) and their local columns, as Python tuples; `width` is how many number tokens the
-    vocab has in all (10 or 1,110). index() gives them as int64 tensors on a device, made once
-    per device (indexing with a Python list copies it from the host every time: a sync on
-    CUDA). "Digit logits" below are the raw logits of these tokens, [N, width]."""
+    """The digit tokens (one digit a token) whose ids fall in this shard: their digits k and
+    their local columns, as Python tuples; `width` is the ten digits. index() gives them as
+    int64 tensors on a device, made once per device (indexing with a Python list copies it
+    from the host every time: a sync on CUDA). "Digit logits" below are the raw logits of the
+    digits, [N, width]. A chunking vocab's number tokens are SlotColumns
+    (kernels/slot_columns.py), with the same methods."""
 
     digits: Tuple[int, ...]
     columns: Tuple[int, ...]
@@ -98,10 +91,7 @@ class DigitColumns:
 
     def read(self, logits: torch.Tensor) -> torch.Tensor:
         """[N, k] this shard's digit logits (their columns of logits [N, V/tp])."""
-        columns = self.index(logits.device)[1]
-        if len(self.columns) > MANY_COLUMNS:
-            return logits.gather(-1, columns.expand(logits.size(0), -1))
-        return logits.index_select(-1, columns)
+        return logits.index_select(-1, self.index(logits.device)[1])
 
     # What a kernel's SUM buffer carries per row for these columns (the digit logits), and how
     # many more maxima per row its MAX all-reduce carries (none): see SlotColumns for the others.
@@ -206,12 +196,7 @@ class DigitColumns:
 
     def set_gradient_(self, grad: torch.Tensor, values: torch.Tensor) -> None:
         """grad [N, V/tp] at this shard's digit columns becomes values [N, k]."""
-        columns = self.index(grad.device)[1]
-        if len(self.columns) > MANY_COLUMNS:
-            rows = torch.arange(grad.size(0), device=grad.device).unsqueeze(-1)
-            grad.index_put_((rows, columns), values.to(grad.dtype))
-        else:
-            grad.index_copy_(-1, columns, values.to(grad.dtype))
+        grad.index_copy_(-1, self.index(grad.device)[1], values.to(grad.dtype))
 
     def within(self, start: int, end: int) -> DigitColumns:
         """The digits among local columns [start, end), numbered from start (a vocab tile)."""

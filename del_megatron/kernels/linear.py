@@ -246,6 +246,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                     early.ce_weights[part],
                     None,
                     prefix=chunk_prefix,
+                    out=None if prefix is None else digit_logits[part],
                     number_values=values if prefix is not None else None,
                 )
                 _add_chunk_gradients_(

@@ -122,15 +122,12 @@ class SlotColumns:
         """[N, k] the whole gradient at the held columns, in values' dtype: the softmax's
         (p - onehot) * scale plus what grad_out [N, 30] of the slot logits out [N, 30] gives.
         held_only=False: over the whole layout [N, 1110] (pick() takes the held ones)."""
-        grad = torch.sub(values, shift.unsqueeze(-1)).sub_(log_sum_exp.unsqueeze(-1)).exp_()
-        grad.mul_(scale.unsqueeze(-1))
+        grad = slots.gradient(values, prefix, out, grad_out, (scale, shift, log_sum_exp))
         # -scale at the target's column, where this shard (tile) holds the target
         position = prefix[:, 2]
         hit = (position >= 0) & (onehot_column >= 0)
         minus = torch.where(hit, -scale, 0.0).unsqueeze(-1)
         grad.scatter_add_(-1, position.clamp(min=0).unsqueeze(-1), minus)
-        if grad_out is not None:
-            slots.add_slot_gradient_(grad, values, prefix, out, grad_out.to(values.dtype))
         return self.pick(grad) if held_only else grad
 
     def pick(self, layout_values: torch.Tensor) -> torch.Tensor:
@@ -148,7 +145,7 @@ class SlotColumns:
     ) -> torch.Tensor:
         """[N, k] the gradient that grad_out [N, 30] of the slot logits out [N, 30] gives the
         held columns (values: forward's layout values [N, 1110])."""
-        return self.pick(slots.slot_gradient(values, prefix, out, grad_out.to(values.dtype)))
+        return self.pick(slots.gradient(values, prefix, out, grad_out))
 
     def column_index(self, device: torch.device) -> torch.Tensor:
         """int64 [k] the held columns on `device`."""
@@ -170,9 +167,7 @@ class SlotColumns:
 
     def set_gradient_(self, grad: torch.Tensor, values: torch.Tensor) -> None:
         """grad [N, V/tp] at the held columns becomes values [N, k]."""
-        columns = self._tensors(grad.device)[4]
-        rows = torch.arange(grad.size(0), device=grad.device).unsqueeze(-1)
-        grad.index_put_((rows, columns), values.to(grad.dtype))
+        grad.index_copy_(-1, self.column_index(grad.device), values.to(grad.dtype))
 
     def within(self, start: int, end: int) -> SlotColumns:
         """The tokens among local columns [start, end), numbered from start (a vocab tile)."""
