@@ -169,7 +169,12 @@ def torchrun(*args: str) -> list:
     from del_megatron.ports import free_port
 
     launcher = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run"]
-    return [*launcher, "--nproc-per-node", "2", "--master-port", str(free_port()), *args]
+    # --tee 3: each rank's output goes through a file of its own, line by line, so that two
+    # ranks' lines never run into each other.
+    return [
+        *launcher, "--nproc-per-node", "2", "--master-port", str(free_port()), "--tee", "3",
+        *args,
+    ]  # fmt: skip
 
 
 def hf_worker(step: str, folder, out) -> list:
@@ -187,12 +192,15 @@ def logged_iterations(stdout: str, total: int) -> dict:
     (those of the run with `total` iterations)."""
     import re
 
+    # A field is "name: value"; one that is not (another rank's text run into the line) is
+    # passed over, never read as a number it does not hold.
+    entry = re.compile(r"^\s*([a-z][a-z0-9 _()/-]*?)\s*:\s*([-+0-9.eEnaNifINF]+)\s*$")
     rows = {}
     for line in stdout.splitlines():
         match = re.search(rf"iteration\s+(\d+)/\s*{total} \|(.*)", line)
         if match:
-            fields = (f.split(": ") for f in match.group(2).split("|") if ": " in f)
-            rows[int(match.group(1))] = {k.strip(): float(v) for k, v in fields}
+            fields = (entry.match(f) for f in match.group(2).split("|"))
+            rows[int(match.group(1))] = {m[1]: float(m[2]) for m in fields if m}
     return rows
 
 
