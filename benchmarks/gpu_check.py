@@ -65,6 +65,7 @@ from host_syncs import HostSyncs  # noqa: E402
 
 import del_megatron as dm  # noqa: E402
 from del_megatron.megatron.logits_free import MIN_CORE as MIN_LOGITS_FREE_CORE  # noqa: E402
+from del_megatron.quick_exit import skip_final_collections  # noqa: E402
 from del_megatron.reference import reference_lm_loss  # noqa: E402
 
 STAGES = (
@@ -1208,4 +1209,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    skip_final_collections()
     sys.exit(main())

@@ -21,6 +21,7 @@ from typing import Callable, List, Optional, Sequence
 from .demo.config import CHUNKED, NON_NEGATIVE, NOT_FLAGS, POSITIVE, SINGLE_DIGIT_DEL, TrainConfig
 from .loss import LOSSES
 from .ports import free_port
+from .quick_exit import skip_final_collections
 
 # What the demo trains: every loss, and DEL on single-digit tokens only (for chunking tokenizers).
 DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
@@ -418,6 +419,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The console script; returns the exit status (2 for bad arguments or input)."""
     # megatron-core says so on import when apex / Transformer Engine (GPU-only) are absent
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    if argv is None:  # a process of its own (the console script, a torchrun worker)
+        skip_final_collections()
     try:
         args = parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed

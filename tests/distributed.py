@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from del_megatron.ports import free_port
+from del_megatron.quick_exit import skip_final_collections
 
 __all__ = ["GlooWorkers", "free_port"]
 
@@ -59,6 +60,7 @@ def _serve(
     until None arrives."""
     from megatron.core import parallel_state
 
+    skip_final_collections()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)

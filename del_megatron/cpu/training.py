@@ -41,6 +41,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..quick_exit import skip_final_collections
 from . import core, rendezvous
 
 ENV_SWITCH = "DEL_MEGATRON_CPU"
@@ -335,6 +336,7 @@ def activate() -> None:
     if _activated or torch.cuda.is_available():
         return
     _activated.append(True)
+    skip_final_collections()
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     _stub_batch_invariant_kernels()
     CudaOnCpu().__enter__()  # thread-local: the main thread, where Megatron-LM trains
