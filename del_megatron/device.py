@@ -9,7 +9,7 @@ device (on_device) and checks values there (check_on_device).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -44,15 +44,35 @@ def _keepable(device: torch.device) -> bool:
 
 
 def int_tensor(values: Tuple[int, ...]) -> Callable[[torch.device], torch.Tensor]:
-    """make(device) for on_device: int64 [len(values)] holding values, filled on the device."""
+    """make(device) for on_device: int64 [len(values)] holding values, filled on the device
+    with one fill or arange per run of equal or consecutive values (a vocab's 1,110 number
+    tokens are often one run)."""
 
     def make(device: torch.device) -> torch.Tensor:
         tensor = torch.empty(len(values), dtype=torch.long, device=device)
-        for position, value in enumerate(values):
-            tensor.narrow(0, position, 1).fill_(value)
+        for start, length, step in _runs(values):
+            first, part = values[start], tensor.narrow(0, start, length)
+            if step == 0:
+                part.fill_(first)
+            else:
+                part.copy_(torch.arange(first, first + length, dtype=torch.long, device=device))
         return tensor
 
     return make
+
+
+def _runs(values: Tuple[int, ...]) -> List[Tuple[int, int, int]]:
+    """(start, length, step) of the maximal runs of `values` with step 0 or 1, in order."""
+    runs: List[Tuple[int, int, int]] = []
+    start = 0
+    while start < len(values):
+        step = 1 if start + 1 < len(values) and values[start + 1] == values[start] + 1 else 0
+        end = start + 1
+        while end < len(values) and values[end] == values[end - 1] + step:
+            end += 1
+        runs.append((start, end - start, step))
+        start = end
+    return runs
 
 
 # CUDA's torch._assert_async refuses, on the host, a message of this many characters or more.

@@ -231,3 +231,18 @@ def test_chunking_vocab_on_fake_tensors(kernel):
             (out * mask).sum().backward()
         assert all(leaf.grad is not None for leaf in leaves)
         assert not syncs.events, f"{kernel} {loss} {reduction}:\n{syncs.report()}"
+
+
+def test_index_tensors_hold_their_values_and_copy_nothing_from_the_host():
+    """device.int_tensor fills runs (equal or consecutive values) and single values on the
+    device: the values come out as given, and no host-to-device copy or sync is recorded."""
+    from del_megatron.device import int_tensor
+
+    gen = torch.Generator().manual_seed(3)
+    scattered = torch.randint(-2, 300, (200,), generator=gen).tolist()
+    values = tuple([*range(40, 70), -2, -2, -2, 5, *scattered, 7, 7, 8, 9, 9])
+    assert int_tensor(values)(torch.device("cpu")).tolist() == list(values)
+    assert int_tensor(())(torch.device("cpu")).shape == (0,)
+    with FakeTensorMode(), HostSyncs() as syncs:
+        int_tensor(values)(torch.device("cpu"))
+    assert not syncs.events, syncs.report()
