@@ -6,6 +6,8 @@ from typing import Dict
 
 import pytest
 
+from del_megatron.quick_exit import skip_final_collections
+
 from .distributed import GlooWorkers
 
 # Megatron-Bridge 0.6.2 and NeMo 2.7.0 (tests/requirements-bridge.txt, Python >= 3.12) are in the
@@ -14,13 +16,26 @@ from .distributed import GlooWorkers
 _bridge = os.environ.get("DEL_TEST_BRIDGE") == "1" or (
     sys.version_info >= (3, 12) and importlib.util.find_spec("megatron.bridge") is not None
 )
+
+
+def _megatron_core() -> tuple:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("megatron-core").split(".")[:2])
+
+
 collect_ignore = [] if _bridge else ["test_bridge.py", "test_nemo.py"]
 # Megatron's Hugging Face tokenizer wrappers need transformers, pinned for Python 3.12 only.
 if sys.version_info < (3, 12):
     collect_ignore.append("test_megatron_tokenizers.py")
+# gpu_check.sh --cpu as a whole, where its integration stage runs (megatron-core >= 0.18, as in
+# the GPU image); without it the run's other stages are the code the Python 3.12 run tests.
+if _megatron_core() < (0, 18):
+    collect_ignore.append("test_gpu_check_run.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    skip_final_collections()
     # megatron-core warns on import when apex / Transformer Engine are absent (GPU-only extras).
     config.addinivalue_line(
         "filterwarnings", "ignore:Transformer Engine and Apex are not installed"
