@@ -11,11 +11,12 @@ launched from the patched tree, as the Docker image allows, with the digit reduc
 tensor/sequence parallel and tokenizer runs go through the same plugin calls and run once, on
 the patched script.
 
-Every tag runs the training checks. The checks that stop before training or train with another
-tokenizer (--help, the refusals, the tokenizer's digit ids) run at the environment's newest tag:
-they exercise parse_and_validate_args and build_tokenizer, the same in core_v0.18.0 and
-core_v0.19.0 (whose tokenizer classes differ only in special-token lookups). core_v0.16.1 runs
-them on Python 3.11.
+Every tag runs the composition, telemetry, drop-in and logits-free checks (TP 2 and sequence
+parallel). Resume, TP 1 against TP 2, and the checks that stop before training or train with
+another tokenizer (--help, the refusals, the tokenizer's digit ids) run at each environment's
+newest tag, core_v0.16.1 and core_v0.19.0: between those two the plugin's calls into
+checkpointing, parallel_state, parse_and_validate_args and build_tokenizer are the same code,
+and core_v0.18.0's tokenizer classes differ from core_v0.19.0's only in special-token lookups.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
                 assert key in entries and is_finite(entries[key]), (iteration, entries)
 
 
-@tags
+@newest_tag
 @parametrize("fmt", ["torch", "torch_dist"])
 def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
     trainer = trainers(tag, PATCHED)
@@ -158,7 +159,7 @@ SP = ["--sequence-parallel"]
 LOGITS_FREE = ["--del-logits-free"]
 
 
-@tags
+@newest_tag
 def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag):
     trainer = trainers(tag, PATCHED)
     common = NO_DROPOUT
@@ -181,7 +182,8 @@ def _assert_logits_free_refused(trainer) -> None:
 @tags
 def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
     """--del-logits-free at TP=2, with and without sequence parallelism: every logged value of
-    the 10 iterations equals the materialised run's (the TP test's runs). Without SP the weight
+    the 10 iterations equals the materialised run's (the TP test's runs; the materialised SP run
+    equals the TP 2 one here too, at tags the TP test does not run at). Without SP the weight
     gradient takes the "auto" route ("forward" here: the run is in fp32), with SP the
     "backward" one. Cores without GPTModel's output_processor stop before training, naming the
     version."""
@@ -189,8 +191,11 @@ def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
     if not core_supports():
         _assert_logits_free_refused(trainer)
         return
+    tp2 = trainer.run("del-tp2-nodropout", NO_DROPOUT + TP2)
     for name, layout, route in (("tp2", TP2, []), ("tp2-sp", TP2 + SP, ["backward"])):
         materialised = trainer.run(f"del-{name}-nodropout", NO_DROPOUT + layout)
+        for key in ("lm loss", "ce loss", "del term"):  # SP: the TP test's check, at every tag
+            assert materialised.series(key) == pytest.approx(tp2.series(key), rel=1e-5), key
         flags = NO_DROPOUT + layout + LOGITS_FREE + route
         logits_free = trainer.run(f"del-{name}-logits-free", flags)
         for run in (materialised, logits_free):
