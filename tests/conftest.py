@@ -59,6 +59,8 @@ def gloo():
         return group.use_layout(**megatron)
 
     def close_all() -> None:
+        for group in groups.values():  # every group winds down at once
+            group.stop()
         while groups:
             groups.popitem()[1].close()
 

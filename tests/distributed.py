@@ -143,10 +143,14 @@ class GlooWorkers:
             report = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(errors.items()))
             raise AssertionError(f"{fn.__name__}{args} failed:\n{report}")
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Ask every worker to leave the group and exit; close() waits for them."""
         for tasks, proc in zip(self.tasks, self.procs, strict=True):
             if proc.is_alive():
                 tasks.put(None)
+
+    def close(self) -> None:
+        self.stop()
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():

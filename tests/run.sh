@@ -52,7 +52,7 @@ pytest_in() {  # pytest_in ENV ARGS...: pytest in that pinned environment
   shift
   bash examples/setup_env.sh "$env"
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-  "$(venv_of "$env")/bin/python" -m pytest -q -p no:cacheprovider "$@" ${PYTEST_ARGS:-}
+  "$(venv_of "$env")/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@" ${PYTEST_ARGS:-}
 }
 
 unit_in() {
