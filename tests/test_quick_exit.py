@@ -26,7 +26,8 @@ def test_the_last_collections_skip_what_was_alive_and_the_status_is_kept(skip):
     ended, at_exit = done.stdout.splitlines()
     _, _, frozen_before, alive = ended.split()
     frozen_at_exit = int(at_exit.removeprefix("frozen at exit: "))
-    if skip:  # about all that lived at the end of the body (the interpreter's start may freeze some)
+    # skip: about all that lived at the end of the body (the interpreter's start may freeze some)
+    if skip:
         assert frozen_at_exit > int(frozen_before) + 0.9 * int(alive), done.stdout
     else:
         assert frozen_at_exit == int(frozen_before), done.stdout
