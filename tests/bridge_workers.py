@@ -272,6 +272,26 @@ def check_bridge(out: str) -> None:
         "step_loss": normalised,
         "ref_step_loss": sum(ce_means) / 2 + ALPHA * term_sum / digits,
     }
+
+    # 2b. The same step through forward steps of ours stacked: wrapped again, and called inside
+    #     a user's forward step that is wrapped in turn. Each step is counted once and the loss
+    #     function wrapped once, as Megatron-LM's drop-in over a patched pretrain_gpt.py.
+    from del_megatron.megatron.bridge import make_forward_step
+
+    def users_forward_step(state, data_iterator, model, return_schedule_plan=False):
+        return numerical_forward_step(state, data_iterator, model, return_schedule_plan)
+
+    result["stacked"] = {}
+    for name, stacked in (
+        ("ours wrapped again", make_forward_step(numerical_forward_step)),
+        ("inside a user's, wrapped", make_forward_step(users_forward_step)),
+    ):
+        iterator, total = iter([dict(b) for b in step]), 0.0
+        for _ in step:
+            output, loss_function = stacked(state, iterator, model)
+            loss_sum, num_tokens, report = loss_function(output)
+            total += float(loss_sum) / float(num_tokens) / 2
+        result["stacked"][name] = total
     destroy_num_microbatches_calculator()
 
     # 3. A model whose config names no loss is refused by the forward step (not run as CE).

@@ -77,6 +77,16 @@ def test_forward_step_digit_reduction_over_the_step(bridge):
     assert r["step_loss"] == pytest.approx(r["ref_step_loss"], rel=1e-5)
 
 
+def test_stacked_forward_steps_count_each_step_once(bridge):
+    """make_forward_step over numerical_forward_step, or over a user's forward step calling it:
+    the digit-reduced step loss is the single wrapper's (the stacked loss function used to stop
+    with a TypeError at the first micro-batch)."""
+    want = bridge["digit"]["step_loss"]
+    assert set(bridge["stacked"]) == {"ours wrapped again", "inside a user's, wrapped"}
+    for name, got in bridge["stacked"].items():
+        assert got == pytest.approx(want, rel=1e-6), name
+
+
 def test_forward_step_refuses_a_model_without_the_loss(bridge):
     message = bridge["refused_without_registration"]
     assert message is not None and "enable_numerical_loss" in message

@@ -45,7 +45,7 @@ from .lm import counted, process_groups, unwrapped_model
 from .logits_free import set_on_model_config as set_logits_free
 from .logits_free import weight_gradient_of
 from .support import check_hybrid_context_parallel, check_logits_free
-from .telemetry import apply_to_loss
+from .telemetry import WRAPPED, apply_to_loss
 
 __all__ = [
     "enable_numerical_loss",
@@ -193,7 +193,11 @@ def wrap_loss_function(loss_function: Callable, model: Any = None) -> Callable:
     (`ce loss`, `<loss> term`, `digit acc`, `digit tokens`, `digit share`) added to its report,
     which Bridge sums over micro-batches and data-parallel ranks and logs like `lm loss`.
     `model` (the forward step's) says whether the run asks for a numerical loss, so that a loss
-    the hook did not compute stops the run (telemetry.check_recorded)."""
+    the hook did not compute stops the run (telemetry.check_recorded). A loss function this
+    returned comes back as it is (a forward step of ours inside another: the second wrapper
+    would not find the loss the first one reduced)."""
+    if getattr(loss_function, WRAPPED, False):
+        return loss_function
     if not isinstance(loss_function, functools.partial) or not loss_function.args:
         raise TypeError(
             "expected Megatron-Bridge's partial(masked_next_token_loss, loss_mask, ...); got "
@@ -212,6 +216,7 @@ def wrap_loss_function(loss_function: Callable, model: Any = None) -> Callable:
             model,
         )
 
+    setattr(wrapped, WRAPPED, True)
     return wrapped
 
 
@@ -247,7 +252,10 @@ def make_forward_step(base_forward_step: Callable) -> Callable:
     """A Bridge forward step `(state, data_iterator, model, return_schedule_plan=False)` that
     runs `base_forward_step` (same signature, returning (output, partial(loss_fn, loss_mask,
     ...))) with the data iterator counted for the step-wide "digit" reduction and the loss
-    function wrapped for the reduction and telemetry."""
+    function wrapped for the reduction and telemetry. A forward step of ours comes back as it
+    is; one that calls ours inside counts each step once and keeps its loss function."""
+    if getattr(base_forward_step, WRAPPED, False):
+        return base_forward_step
 
     def forward_step(
         state: Any,
@@ -263,6 +271,7 @@ def make_forward_step(base_forward_step: Callable) -> Callable:
         return output, wrap_loss_function(loss_function, model)
 
     forward_step.__doc__ = f"{getattr(base_forward_step, '__name__', 'forward_step')} + DEL"
+    setattr(forward_step, WRAPPED, True)
     return forward_step
 
 
@@ -274,3 +283,6 @@ def numerical_forward_step(
     from megatron.bridge.training.gpt_step import forward_step
 
     return make_forward_step(forward_step)(state, data_iterator, model, return_schedule_plan)
+
+
+setattr(numerical_forward_step, WRAPPED, True)
