@@ -252,10 +252,9 @@ def make_forward_step(base_forward_step: Callable) -> Callable:
     """A Bridge forward step `(state, data_iterator, model, return_schedule_plan=False)` that
     runs `base_forward_step` (same signature, returning (output, partial(loss_fn, loss_mask,
     ...))) with the data iterator counted for the step-wide "digit" reduction and the loss
-    function wrapped for the reduction and telemetry. A forward step of ours comes back as it
-    is; one that calls ours inside counts each step once and keeps its loss function."""
-    if getattr(base_forward_step, WRAPPED, False):
-        return base_forward_step
+    function wrapped for the reduction and telemetry. Stacked (over a forward step of ours, or
+    one that calls ours), each step is counted once (counted) and the loss function wrapped once
+    (wrap_loss_function)."""
 
     def forward_step(
         state: Any,
@@ -271,7 +270,6 @@ def make_forward_step(base_forward_step: Callable) -> Callable:
         return output, wrap_loss_function(loss_function, model)
 
     forward_step.__doc__ = f"{getattr(base_forward_step, '__name__', 'forward_step')} + DEL"
-    setattr(forward_step, WRAPPED, True)
     return forward_step
 
 
@@ -283,6 +281,3 @@ def numerical_forward_step(
     from megatron.bridge.training.gpt_step import forward_step
 
     return make_forward_step(forward_step)(state, data_iterator, model, return_schedule_plan)
-
-
-setattr(numerical_forward_step, WRAPPED, True)
