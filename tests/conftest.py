@@ -2,10 +2,12 @@ import atexit
 import importlib.util
 import os
 import sys
+from importlib.metadata import version
 from typing import Dict
 
 import pytest
 
+from del_megatron.megatron.logits_free import MIN_CORE as LOGITS_FREE_CORE
 from del_megatron.quick_exit import skip_final_collections
 
 from .distributed import GlooWorkers
@@ -18,19 +20,13 @@ _bridge = os.environ.get("DEL_TEST_BRIDGE") == "1" or (
 )
 
 
-def _megatron_core() -> tuple:
-    from importlib.metadata import version
-
-    return tuple(int(part) for part in version("megatron-core").split(".")[:2])
-
-
 collect_ignore = [] if _bridge else ["test_bridge.py", "test_nemo.py"]
 # Megatron's Hugging Face tokenizer wrappers need transformers, pinned for Python 3.12 only.
 if sys.version_info < (3, 12):
     collect_ignore.append("test_megatron_tokenizers.py")
 # gpu_check.sh --cpu as a whole, where its integration stage runs (megatron-core >= 0.18, as in
 # the GPU image); without it the run's other stages are the code the Python 3.12 run tests.
-if _megatron_core() < (0, 18):
+if tuple(int(part) for part in version("megatron-core").split(".")[:2]) < LOGITS_FREE_CORE:
     collect_ignore.append("test_gpu_check_run.py")
 
 
