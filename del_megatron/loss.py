@@ -30,9 +30,18 @@ from .numbers import (
 )
 from .sequence import check_balancing, doc_starts, gather_sequence
 from .vocab import NUM_DIGITS, DigitVocab
+from .weights import check_digit_share, check_weight
 
 LOSSES = ("ce",) + tuple(HEADS)
-REDUCTIONS = ("token", "digit")
+REDUCTIONS = ("digit", "token")
+
+TOKEN_NEEDS_SHARE = (
+    "reduction='token' needs digit_share: alpha is the weight on the mean term over digit "
+    "targets, and the token reduction reaches it by weighing each digit token's term by "
+    "alpha / digit_share, the share of loss tokens that are digit targets in your data "
+    "(`del-megatron check --data-path PREFIX` measures it). Or use reduction='digit' (the "
+    "default), which counts the digit targets itself"
+)
 
 
 @dataclass(frozen=True)
@@ -40,11 +49,15 @@ class NumericalLossConfig:
     """What a run means: the loss added to cross-entropy, and how much of it.
 
     loss:         "ce" (plain cross-entropy), "del", "ntl_was", "ntl_mse" or "dist2"
-    alpha:        weight of the numerical term
+    alpha:        weight of the numerical term's mean over digit targets, as in the papers:
+                  loss = mean CE + alpha * mean digit term, under either reduction
     vocab:        DigitVocab of the tokenizer (required unless loss == "ce")
-    reduction:    "token" (each token carries CE_t + alpha * term_t) or "digit" (the numerical
-                  term is averaged over digit targets instead of over tokens; docs/DEL.md)
+    reduction:    "digit" (the term averaged over the digit targets themselves) or "token"
+                  (each token carries CE_t + alpha / digit_share * term_t, no counting;
+                  docs/DEL.md)
     ignore_index: label value of positions without a loss
+    digit_share:  with reduction "token": the share of loss tokens that are digit targets
+                  (in (0, 1]; counted in digits); None otherwise
 
     These are what Megatron's flags and model-config fields carry. How the loss is computed
     (kernel, inplace, validate, chunk_tokens) is a keyword argument of numerical_lm_loss,
@@ -54,8 +67,9 @@ class NumericalLossConfig:
     loss: str = "del"
     alpha: float = 0.01
     vocab: Optional[DigitVocab] = None
-    reduction: str = "token"
+    reduction: str = "digit"
     ignore_index: int = -100
+    digit_share: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -68,8 +82,29 @@ class NumericalLossConfig:
             raise ValueError(
                 f"loss={self.loss!r} needs vocab=DigitVocab(...) (or DigitVocab.from_tokenizer)"
             )
-        if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool):
-            raise TypeError(f"alpha must be a number, got {self.alpha!r}")
+        object.__setattr__(self, "alpha", check_weight(self.alpha, "alpha"))
+        if self.digit_share is not None:
+            if self.reduction != "token":
+                raise ValueError(
+                    "digit_share is the token reduction's: reduction='digit' counts the digit "
+                    "targets itself. Pass reduction='token' with it, or drop it"
+                )
+            share = check_digit_share(self.digit_share)
+            object.__setattr__(self, "digit_share", share)
+        elif self.reduction == "token" and self.loss != "ce":
+            raise ValueError(TOKEN_NEEDS_SHARE)
+
+    @property
+    def token_weight(self) -> float:
+        """The weight each digit target's term carries in the per-token loss CE_t + w * term_t
+        the model returns: alpha / digit_share for the token reduction, alpha for the digit
+        reduction (whose loss function rescales the term to a mean over digit targets), 0 for
+        loss "ce"."""
+        if self.loss == "ce":
+            return 0.0
+        if self.reduction == "token":
+            return self.alpha / self.digit_share
+        return self.alpha
 
 
 class LossParts(NamedTuple):
@@ -98,9 +133,10 @@ class LossParts(NamedTuple):
     n_digits: torch.Tensor
     digit_count: torch.Tensor
 
-    def token_loss(self, alpha: float) -> torch.Tensor:
-        """[b, s] CE_t + alpha * term_t: the "token" reduction, and what the model returns."""
-        return self.ce + alpha * self.term
+    def token_loss(self, weight: float) -> torch.Tensor:
+        """[b, s] CE_t + weight * term_t (weight: NumericalLossConfig.token_weight): the
+        "token" reduction, and what the model returns."""
+        return self.ce + weight * self.term
 
 
 # Any fixed vocab serves loss="ce": its digit logits are computed but unused.
@@ -260,7 +296,7 @@ def _result(
             parts.term.dtype
         )
         parts = parts._replace(term=parts.term * ratio)
-    return parts.token_loss(cfg.alpha)
+    return parts.token_loss(cfg.token_weight)
 
 
 def numerical_lm_loss(
@@ -281,9 +317,10 @@ def numerical_lm_loss(
     """Cross-entropy plus a digit-aware term, per token (docs/DEL.md).
 
     labels [b, s] int64; logits [s, b, V_local]. Returns fp32 [b, s] (fp64 for fp64 logits), 0
-    where labels == ignore_index. "token" reduction: CE_t + alpha * term_t. "digit" reduction:
-    CE_t + alpha * term_t * n_tokens / n_digits, so that the mean over non-ignored tokens is
-    mean CE + alpha * sum(term) / n_digits. With return_parts, the LossParts instead.
+    where labels == ignore_index. "digit" reduction: CE_t + alpha * term_t * n_tokens / n_digits,
+    so that the mean over non-ignored tokens is mean CE + alpha * sum(term) / n_digits. "token"
+    reduction: CE_t + alpha / digit_share * term_t (the same mean where the sequence's digit
+    share is digit_share). With return_parts, the LossParts instead.
 
     tp_group=None MEANS THE LOGITS HOLD THE WHOLE VOCABULARY (no tensor parallelism). It does
     not mean "the default TP group", as None does in Megatron-Core's vocab_parallel_cross_entropy:

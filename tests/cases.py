@@ -36,3 +36,15 @@ def logits_for(seq: int, batch: int, vocab_size: int, seed: int, scale: float = 
     """float64 [seq, batch, vocab_size] whole-vocab logits."""
     gen = torch.Generator().manual_seed(seed)
     return scale * torch.randn(seq, batch, vocab_size, generator=gen, dtype=torch.float64)
+
+
+# The per-token form: each digit target's term weighs alpha itself (the token reduction with a
+# digit share of 1). The kernel, parallelism and glue tests hold the package to the per-token
+# oracle `ce + alpha * term` in this form; tests/test_weight_unit.py holds the reductions to
+# alpha's meaning, the weight on the mean term over digit targets.
+TOKEN_FORM = {"reduction": "token", "digit_share": 1.0}
+
+
+def token_share(reduction: str):
+    """digit_share for a test looping over the reductions: 1 for "token" (the per-token form)."""
+    return 1.0 if reduction == "token" else None

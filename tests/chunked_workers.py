@@ -11,6 +11,8 @@ import del_megatron as dm
 from del_megatron.loss import LOSSES
 from del_megatron.reference import reference_lm_loss
 
+from .cases import TOKEN_FORM, token_share
+
 # 1,200 ids (divisible by 1, 2, 4): the 1,110 number tokens, two decimal points and 88 others,
 # at shuffled ids, so that every shard holds some of every kind.
 VOCAB_SIZE = 1200
@@ -62,7 +64,12 @@ def _shard(full: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def _config(loss: str, reduction: str = "token") -> dm.NumericalLossConfig:
     return dm.NumericalLossConfig(
-        loss=loss, alpha=ALPHA, vocab=VOCAB, reduction=reduction, ignore_index=IGNORE
+        loss=loss,
+        alpha=ALPHA,
+        vocab=VOCAB,
+        reduction=reduction,
+        digit_share=token_share(reduction),
+        ignore_index=IGNORE,
     )
 
 
@@ -131,7 +138,9 @@ def check_collectives_carry_slot_sums(seed: int, kernel: str) -> None:
         sent.append((str(op).split(".")[-1], tuple(tensor.shape)))
         return all_reduce(tensor, op=op, **kwargs)
 
-    one_digit = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB.single_digits_only())
+    one_digit = dm.NumericalLossConfig(
+        loss="del", alpha=ALPHA, vocab=VOCAB.single_digits_only(), **TOKEN_FORM
+    )
     dist.all_reduce = recording
     try:
         for cfg, maxima, sums in (

@@ -15,7 +15,14 @@ import del_megatron.megatron as dmm
 from benchmarks.host_syncs import HostSyncs
 from del_megatron.sequence import cp_positions
 
-from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
+from .cases import (
+    IGNORE,
+    PADDED_VOCAB_SIZE,
+    SPLIT_VOCAB,
+    TOKEN_FORM,
+    number_rich_labels,
+    token_share,
+)
 from .gpt_helpers import GPT_VOCAB, SEQ, build_gpt, number_batch
 
 # Packings of the parallel checks: (cu_seqlens of the whole sequence or None, cp_balancing).
@@ -82,7 +89,12 @@ def check_lm_loss_steps(seed: int) -> None:
         shape = (labels.size(1), labels.size(0), PADDED_VOCAB_SIZE // tp)
         logits = torch.randn(shape, generator=gen).to(torch.bfloat16)
         cfg = dm.NumericalLossConfig(
-            loss=loss, alpha=0.5, vocab=SPLIT_VOCAB, reduction=reduction, ignore_index=IGNORE
+            loss=loss,
+            alpha=0.5,
+            vocab=SPLIT_VOCAB,
+            reduction=reduction,
+            digit_share=token_share(reduction),
+            ignore_index=IGNORE,
         )
         layout = dict(cp_group=cp_group, cu_seqlens=cu_seqlens, cp_balancing=balancing)
         what = f"{kernel} {loss} {reduction} {packing}"
@@ -101,7 +113,9 @@ def _linear_steps(seed: int, cases) -> None:
             hidden = hidden.chunk(tp)[dist.get_rank(tp_group)]
         weight = torch.randn(PADDED_VOCAB_SIZE // tp, 16, generator=gen).to(torch.bfloat16)
         mask = (torch.rand(b, s, generator=gen) > 0.3).float()
-        cfg = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+        cfg = dm.NumericalLossConfig(
+            loss="del", alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE, **TOKEN_FORM
+        )
         how = dict(cp_group=cp_group, cu_seqlens=cu_seqlens, cp_balancing=balancing)
         how.update(sequence_parallel=sequence_parallel, weight_gradient=route, chunk_tokens=7)
         how.update(loss_mask=mask if masked else None)
@@ -174,7 +188,13 @@ def check_hook_step(reduction: str, logits_free: bool, out_path: str) -> None:
         _write_events(out_path, [])
         return
     model = build_gpt(dist.get_world_size())
-    cfg = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB, reduction=reduction)
+    cfg = dm.NumericalLossConfig(
+        loss="del",
+        alpha=0.5,
+        vocab=GPT_VOCAB,
+        reduction=reduction,
+        digit_share=token_share(reduction),
+    )
 
     def forward_step(data_iterator, model):
         tokens, labels, positions = next(data_iterator)

@@ -16,7 +16,14 @@ from del_megatron.kernels import linear
 from del_megatron.loss import LOSSES
 from del_megatron.sequence import cp_positions
 
-from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
+from .cases import (
+    IGNORE,
+    PADDED_VOCAB_SIZE,
+    SPLIT_VOCAB,
+    TOKEN_FORM,
+    number_rich_labels,
+    token_share,
+)
 
 SEQ, BATCH, HIDDEN = 23, 3, 16
 # The weight gradient's two routes (kernels/linear.py); "auto" picks one by size.
@@ -77,7 +84,11 @@ def check_equals_materialised(seed: int, route: str = "forward") -> None:
         for loss in LOSSES:
             for reduction, chunk in (("token", 5), ("digit", SEQ * BATCH)):
                 cfg = dm.NumericalLossConfig(
-                    loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
+                    loss=loss,
+                    alpha=0.7,
+                    vocab=SPLIT_VOCAB,
+                    reduction=reduction,
+                    digit_share=token_share(reduction),
                 )
                 ref = _materialised(labels, hidden, weight, cfg, upstream)
                 ours = _logits_free(labels, hidden, weight, cfg, upstream, chunk, None, route)
@@ -134,7 +145,11 @@ def check_loss_mask_forms_gradients_in_forward(seed: int, route: str = "forward"
         for loss in LOSSES:
             for reduction in ("token", "digit"):
                 cfg = dm.NumericalLossConfig(
-                    loss=loss, alpha=0.7, vocab=SPLIT_VOCAB, reduction=reduction
+                    loss=loss,
+                    alpha=0.7,
+                    vocab=SPLIT_VOCAB,
+                    reduction=reduction,
+                    digit_share=token_share(reduction),
                 )
                 for grad_out, proportional in ((mask * 0.37, True), (upstream, False)):
                     what = f"{loss} {reduction} {dtype} proportional={proportional} {route}"
@@ -179,7 +194,7 @@ def check_loss_mask_second_backward(seed: int) -> None:
     in forward are spent by the first, and both equal the materialised path's."""
     labels, hidden, weight, _ = _inputs(seed, torch.float32)
     mask = torch.ones(BATCH, SEQ)
-    cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB, **TOKEN_FORM)
     ref = _materialised(labels, hidden, weight, cfg, mask * 2)
     world, rank = dist.get_world_size(), dist.get_rank()
     for route in ROUTES:
@@ -205,7 +220,7 @@ def check_large_logits(seed: int) -> None:
     so its gradient is exact to about eps * max|logit|, no closer."""
     labels, hidden, weight, upstream = _inputs(seed, torch.float32)
     hidden = hidden * 2000
-    cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.7, vocab=SPLIT_VOCAB, **TOKEN_FORM)
     ref = _materialised(labels, hidden, weight, cfg, upstream)
     largest = torch.matmul(hidden, weight.t()).abs().max().item()
     assert largest > 1e4
@@ -260,7 +275,7 @@ def check_sequence_parallel_hidden_refused(seed: int) -> None:
     labels = number_rich_labels(BATCH, 4 * world, 0)
     hidden = torch.randn(4, BATCH, HIDDEN)
     weight = torch.randn(PADDED_VOCAB_SIZE // world, HIDDEN)
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
     try:
         dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=dist.group.WORLD)
     except ValueError as exc:

@@ -12,7 +12,7 @@ import del_megatron as dm
 from del_megatron.loss import LOSSES, REDUCTIONS
 from del_megatron.sequence import cp_positions
 
-from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for
+from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, TOKEN_FORM, logits_for, token_share
 from .gpt_helpers import batch_on_this_cp_rank
 
 ALPHA = 0.7
@@ -68,7 +68,11 @@ def check_cp_equals_whole_sequence(seed: int) -> None:
     for loss in LOSSES:
         for reduction in REDUCTIONS:
             cfg = dm.NumericalLossConfig(
-                loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction=reduction
+                loss=loss,
+                alpha=ALPHA,
+                vocab=SPLIT_VOCAB,
+                reduction=reduction,
+                digit_share=token_share(reduction),
             )
             ref_loss, ref_grad = _whole_sequence(labels, full, cfg)
             logits = local["logits"].transpose(0, 1).contiguous().requires_grad_(True)
@@ -116,7 +120,7 @@ def check_cp_with_packed_documents(seed: int) -> None:
     positions = cp_positions(total // cp, cp, rank, cu_seqlens)
     full = logits_for(total, 1, PADDED_VOCAB_SIZE, seed)
     for loss in ("del", "dist2"):
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB)
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, **TOKEN_FORM)
         parts = dm.numerical_lm_loss(
             packed[:, positions],
             full[positions],
@@ -177,7 +181,7 @@ def check_cp_sequence_balancing_with_packed_documents(seed: int) -> None:
     )
     positions = cp_positions(total // cp, cp, rank, cu_seqlens, balancing="sequence")
     assert torch.equal(local["labels"], packed[:, positions])
-    cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=SPLIT_VOCAB, **TOKEN_FORM)
     layout = dict(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens, cp_balancing="sequence")
     logits = local["logits"].transpose(0, 1).contiguous()
     parts = dm.numerical_lm_loss(local["labels"], logits, cfg, return_parts=True, **layout)

@@ -21,6 +21,7 @@ from del_megatron.reference import (
 from del_megatron.vocab import multi_digit_text
 
 from . import chunked_workers
+from .cases import TOKEN_FORM, token_share
 
 # A chunking toy vocabulary: '0'..'9' are ids 0..9, '00'..'99' then '000'..'999' ids 10..1109,
 # '.' 1110 (and ',' 1111, a second point id), space 1112, end of document 1113.
@@ -190,7 +191,7 @@ def test_worked_values_through_the_package():
     for hot, expected in ((0.0, 2.1480418), (3.0, 2.0529749)):
         logits = torch.zeros(1, 1, VOCAB_SIZE)
         logits[0, 0, ID_OF["12"]] = hot
-        cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED)
+        cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED, **TOKEN_FORM)
         parts = dm.loss_parts(labels, logits, cfg)
         assert float(parts.term) == pytest.approx(expected, abs=2e-7)
         assert parts.digit_count.tolist() == [[2]] and int(parts.n_digits) == 2
@@ -205,7 +206,13 @@ def test_megatron_telemetry_and_reduction_count_digits(reduction):
     mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
     logits = torch.randn(4, 1, VOCAB_SIZE, generator=torch.Generator().manual_seed(2))
     logits[0, 0, ID_OF["123"]] = 30.0  # slots 1-3 of '123' predicted right
-    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=CHUNKED, reduction=reduction)
+    cfg = dm.NumericalLossConfig(
+        loss="del",
+        alpha=0.2,
+        vocab=CHUNKED,
+        reduction=reduction,
+        digit_share=token_share(reduction),
+    )
     loss, num_tokens, report, _ = through_loss_func(labels, mask, logits, cfg)
     parts = dm.loss_parts(labels, logits, cfg)
     ce, term = reference_lm_loss(labels, logits, CHUNKED, loss="del")
@@ -259,7 +266,9 @@ def test_check_reports_the_real_llama3_file_as_chunking():
     assert result.ok and result.chunked
     text = report(result)
     assert "chunks of up to three digits" in text and "1,110 number tokens" in text
-    assert text.splitlines()[-1].endswith("--numerical-loss del --del-alpha 0.01")
+    assert text.splitlines()[-1].endswith(
+        "--numerical-loss del --del-alpha 0.01 --del-reduction digit"
+    )
 
 
 @pytest.mark.parametrize("kernel", ["recompute", "softmax"])

@@ -29,7 +29,14 @@ from benchmarks.host_syncs import HostSyncs
 from del_megatron.loss import LOSSES, REDUCTIONS
 
 from . import host_sync_workers as workers
-from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, number_rich_labels
+from .cases import (
+    IGNORE,
+    PADDED_VOCAB_SIZE,
+    SPLIT_VOCAB,
+    TOKEN_FORM,
+    number_rich_labels,
+    token_share,
+)
 
 # THD: one packed row of three documents.
 CU_SEQLENS = torch.tensor([0, 17, 30, 48], dtype=torch.int32)
@@ -75,7 +82,12 @@ def test_numerical_lm_loss_on_fake_tensors(kernel, packing):
     for dtype, loss, reduction, inplace in fake_layouts(kernel, packing):
         labels, logits, cu_seqlens = _fake(mode, *_inputs(packing, dtype, seed=len(loss)))
         cfg = dm.NumericalLossConfig(
-            loss=loss, alpha=0.5, vocab=SPLIT_VOCAB, reduction=reduction, ignore_index=IGNORE
+            loss=loss,
+            alpha=0.5,
+            vocab=SPLIT_VOCAB,
+            reduction=reduction,
+            digit_share=token_share(reduction),
+            ignore_index=IGNORE,
         )
         how = dict(kernel=kernel, inplace=inplace, cu_seqlens=cu_seqlens)
         with mode, HostSyncs() as syncs:
@@ -108,7 +120,9 @@ def test_numerical_linear_loss_on_fake_tensors(route, masked):
         weight = torch.randn(PADDED_VOCAB_SIZE, 16, generator=gen).to(dtype)
         mask = torch.rand(1, 48, generator=gen).round()
         labels, hidden, weight, mask, cu = _fake(mode, labels, hidden, weight, mask, CU_SEQLENS)
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+        cfg = dm.NumericalLossConfig(
+            loss=loss, alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE, **TOKEN_FORM
+        )
         with mode, HostSyncs() as syncs:
             h, w = hidden.requires_grad_(True), weight.requires_grad_(True)
             out = dm.numerical_linear_loss(
@@ -219,7 +233,12 @@ def test_chunking_vocab_on_fake_tensors(kernel):
         mask = (labels != IGNORE).float()
         labels, logits, hidden, weight, mask = _fake(mode, labels, logits, hidden, weight, mask)
         cfg = dm.NumericalLossConfig(
-            loss=loss, alpha=0.5, vocab=VOCAB, reduction=reduction, ignore_index=IGNORE
+            loss=loss,
+            alpha=0.5,
+            vocab=VOCAB,
+            reduction=reduction,
+            digit_share=token_share(reduction),
+            ignore_index=IGNORE,
         )
         with mode, HostSyncs() as syncs:
             if kernel == "linear":

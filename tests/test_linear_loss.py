@@ -6,9 +6,9 @@ import torch
 import del_megatron as dm
 
 from . import linear_workers
-from .cases import PADDED_VOCAB_SIZE, SPLIT_VOCAB
+from .cases import PADDED_VOCAB_SIZE, SPLIT_VOCAB, TOKEN_FORM
 
-CFG = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+CFG = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
 LABELS = torch.zeros(2, 5, dtype=torch.long)
 
 CASES = [

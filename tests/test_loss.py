@@ -239,12 +239,12 @@ def test_outputs_are_contiguous_like_megatrons():
     labels = torch.tensor([[4, 12, 3], [1, 2, 3]])
     logits = logits_for(3, 2, V, seed=4)
     for loss in ("ce", "del"):
-        cfg = dm.NumericalLossConfig(loss=loss, vocab=VOCAB)
+        cfg = dm.NumericalLossConfig(loss=loss, vocab=VOCAB, reduction="token", digit_share=0.5)
         assert dm.numerical_lm_loss(labels, logits, cfg).is_contiguous()
         parts = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
         assert all(t.is_contiguous() for t in parts)
         torch.testing.assert_close(
-            parts.token_loss(cfg.alpha), dm.numerical_lm_loss(labels, logits, cfg)
+            parts.token_loss(cfg.token_weight), dm.numerical_lm_loss(labels, logits, cfg)
         )
 
 

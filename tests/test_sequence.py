@@ -7,7 +7,7 @@ import del_megatron as dm
 from del_megatron.sequence import cp_positions
 
 from . import sequence_workers
-from .cases import PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for
+from .cases import PADDED_VOCAB_SIZE, SPLIT_VOCAB, TOKEN_FORM, logits_for
 from .sequence_workers import assert_pieces_equal, documents_one_by_one, long_number_labels
 
 POINT, OTHER = 33, 1
@@ -37,7 +37,7 @@ def test_packed_documents_weigh_as_one_by_one(separated):
     cu_seqlens = torch.tensor([0] + [d.size(1) for d in docs]).cumsum(0).to(torch.int32)
     full = logits_for(packed.size(1), 1, PADDED_VOCAB_SIZE, 5)
     for loss in ("del", "dist2", "ntl_was"):
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.3, vocab=SPLIT_VOCAB)
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.3, vocab=SPLIT_VOCAB, **TOKEN_FORM)
         parts = dm.numerical_lm_loss(packed, full, cfg, return_parts=True, cu_seqlens=cu_seqlens)
         assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg))
     weights = dm.place_weights(packed, SPLIT_VOCAB)
@@ -63,7 +63,7 @@ def test_cp_positions_are_megatrons_load_balanced_chunks():
     ],
 )
 def test_bad_packing_is_refused(kwargs, match):
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
     with pytest.raises(ValueError, match=match):
         dm.numerical_lm_loss(
             torch.zeros(1, 6, dtype=torch.long), torch.randn(6, 1, 64), cfg, **kwargs
@@ -71,7 +71,7 @@ def test_bad_packing_is_refused(kwargs, match):
 
 
 def test_cu_seqlens_needs_one_packed_row():
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
     with pytest.raises(ValueError, match=r"one packed row \(THD"):
         dm.numerical_lm_loss(
             torch.zeros(2, 6, dtype=torch.long),

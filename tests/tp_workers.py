@@ -14,7 +14,15 @@ import del_megatron as dm
 from del_megatron.loss import LOSSES, REDUCTIONS
 from del_megatron.reference import reference_lm_loss
 
-from .cases import IGNORE, PADDED_VOCAB_SIZE, SPLIT_VOCAB, logits_for, number_rich_labels
+from .cases import (
+    IGNORE,
+    PADDED_VOCAB_SIZE,
+    SPLIT_VOCAB,
+    TOKEN_FORM,
+    logits_for,
+    number_rich_labels,
+    token_share,
+)
 
 ALPHA = 0.7
 # Rows a "recompute"/"compiled" pass takes at once in the reference checks: several chunks.
@@ -43,7 +51,9 @@ def _upstream(labels):
 
 def _ours(labels, full_logits, loss, dtype, kernel, chunk_tokens=None):
     shard = _shard(full_logits).to(dtype).detach().requires_grad_(True)
-    cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    cfg = dm.NumericalLossConfig(
+        loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, ignore_index=IGNORE, **TOKEN_FORM
+    )
     how = dict(tp_group=dist.group.WORLD, kernel=kernel, chunk_tokens=chunk_tokens)
     parts = dm.numerical_lm_loss(labels, shard, cfg, return_parts=True, **how)
     total = dm.numerical_lm_loss(labels, shard, cfg, **how)
@@ -150,7 +160,7 @@ def check_inplace_opt_in(seed: int, kernel: str) -> None:
     labels = number_rich_labels(2, 13, seed)
     full = logits_for(13, 2, PADDED_VOCAB_SIZE, seed)
     dtypes = (torch.float32,) if kernel == "softmax" else (torch.float32, torch.bfloat16)
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA, **TOKEN_FORM)
     for dtype in dtypes:
         results = []
         for inplace in (False, True):
@@ -172,7 +182,7 @@ def check_unequal_shards_refused(seed: int, kernel: str) -> None:
     rank = dist.get_rank()
     logits = torch.randn(5, 2, PADDED_VOCAB_SIZE + rank)
     labels = torch.zeros(2, 5, dtype=torch.long)
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
     try:
         dm.numerical_lm_loss(labels, logits, cfg, dist.group.WORLD, kernel=kernel)
     except ValueError as exc:
@@ -185,7 +195,7 @@ def check_label_outside_full_vocab(seed: int, kernel: str) -> None:
     """A label past the whole vocab (all shards) is refused; one on another shard is not."""
     local = PADDED_VOCAB_SIZE // dist.get_world_size()
     logits = torch.randn(4, 1, local)
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
     labels = torch.full((1, 4), PADDED_VOCAB_SIZE - 1)
     dm.numerical_lm_loss(labels, logits, cfg, dist.group.WORLD, kernel=kernel)
     labels[0, 2] = PADDED_VOCAB_SIZE
@@ -220,7 +230,11 @@ def check_gradcheck_float64(seed: int, kernel: str) -> None:
     for loss in LOSSES:
         for reduction in REDUCTIONS:
             cfg = dm.NumericalLossConfig(
-                loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction=reduction
+                loss=loss,
+                alpha=ALPHA,
+                vocab=SPLIT_VOCAB,
+                reduction=reduction,
+                digit_share=token_share(reduction),
             )
 
             def fn(x, cfg=cfg):
@@ -242,7 +256,7 @@ def check_keeps_no_fp32_copy(seed: int, kernel: str) -> None:
         saved.append(t)
         return t
 
-    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, alpha=ALPHA, **TOKEN_FORM)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = dm.numerical_lm_loss(labels, logits, cfg, dist.group.WORLD, kernel=kernel)
     big = [t for t in saved if t.dim() == 2 and t.size(-1) == logits.size(-1)]
