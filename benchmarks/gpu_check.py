@@ -82,6 +82,8 @@ STAGES = (
 VOCAB = bench_loss.VOCAB  # digits 15..24, decimal point 13
 OTHER = 30  # a token id that is no digit and no decimal point
 ALPHA = 0.5
+# The token reduction's given digit share in the kernel checks (its weight: ALPHA / share a token).
+TOKEN_DIGIT_SHARE = 0.5
 # HBM peak bytes/s by device name (the first name part that matches), where the device
 # properties do not give the memory clock.
 HBM_PEAK = {"H200": 4.8e12, "H100 SXM": 3.35e12, "H100": 3.35e12, "H800": 3.35e12}
@@ -388,14 +390,17 @@ def _check_against_reference(ctx: Context, logits, labels, case) -> None:
     positions against reference_lm_loss in fp64 on the CPU: values and logits gradients."""
     rows = ctx.sizes.reference_rows
     for reduction in ("token", "digit"):
-        cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB, reduction=reduction)
+        share = TOKEN_DIGIT_SHARE if reduction == "token" else None
+        cfg = dm.NumericalLossConfig(
+            loss="del", alpha=ALPHA, vocab=VOCAB, reduction=reduction, digit_share=share
+        )
         loss, grad = _ours(logits, labels, cfg, "auto")
         head = logits[:rows].detach().cpu().double().requires_grad_(True)
         ce, term = reference_lm_loss(labels[:, :rows].cpu(), head, VOCAB, loss="del")
         if reduction == "digit":  # the term scaled by the whole sequence's tokens / digits
             full = dm.numerical_lm_loss(labels, logits, cfg, return_parts=True)
             term = term * (full.n_tokens.double() / full.n_digits.double()).item()
-        total = ce + ALPHA * term
+        total = ce + cfg.token_weight * term
         (grad_want,) = torch.autograd.grad(total.sum(), head)
         value_error = _rel(loss[:, :rows], total)
         grad_error = _rel(grad[:rows], grad_want)
@@ -617,7 +622,10 @@ def _sync_cases(ctx: Context):
     mask = torch.ones(labels.shape, device=ctx.device)
 
     def lm(kernel, reduction="token", cu_seqlens=None):
-        cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB, reduction=reduction)
+        share = TOKEN_DIGIT_SHARE if reduction == "token" else None
+        cfg = dm.NumericalLossConfig(
+            loss="del", alpha=ALPHA, vocab=VOCAB, reduction=reduction, digit_share=share
+        )
 
         def run():
             leaf = logits.detach().requires_grad_(True)

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGIT_IDS = tuple(range(10, 20))  # digit d is token 10 + d
 FIRST_WORD_ID = 30
 REDUCTIONS = ("digit", "token")
+# The token runs' --del-digit-share: the corpus's designed share of digits (corpus()).
+CORPUS_DIGIT_SHARE = 0.38
 RUNS = ("materialised", "logits_free")
 
 # A small GPT with the flags GPU users train with: bf16, the distributed optimizer with the
@@ -122,6 +124,8 @@ def commands(
             extra = ["--del-reduction", reduction] + (
                 ["--del-logits-free"] if run != RUNS[0] else []
             )
+            if reduction == "token":
+                extra += ["--del-digit-share", str(CORPUS_DIGIT_SHARE)]
             launched[f"{reduction}_{run}"] = [
                 sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                 "--master-port", PORT, str(Path(__file__).resolve()),

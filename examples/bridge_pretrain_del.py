@@ -37,7 +37,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     parser.add_argument("--loss", default="del", choices=list(LOSSES))
     parser.add_argument("--alpha", type=float, default=0.01)
-    parser.add_argument("--reduction", default="token", choices=["token", "digit"])
+    parser.add_argument("--reduction", default="digit", choices=["digit", "token"])
+    parser.add_argument(
+        "--digit-share",
+        type=float,
+        default=None,
+        help="with --reduction token: the data's share of digit targets (del-megatron check "
+        "--data-path prints it)",
+    )
     model = parser.add_mutually_exclusive_group()
     model.add_argument("--hf-model", help="Hugging Face model (Hub id or folder): architecture")
     model.add_argument("--tiny", action="store_true", help="tiny Qwen2-class model, no download")
@@ -185,7 +192,11 @@ def main(argv=None) -> int:
     # One call: digit ids from cfg.tokenizer, settings on the provider instance (not on its
     # dataclass fields, so run_config.yaml stays a plain Bridge config), loss hook registered.
     numerical = enable_numerical_loss(
-        cfg, loss=args.loss, alpha=args.alpha, reduction=args.reduction
+        cfg,
+        loss=args.loss,
+        alpha=args.alpha,
+        reduction=args.reduction,
+        digit_share=args.digit_share,
     )
     print(
         f"DEL: {numerical.loss}, alpha {numerical.alpha}, {numerical.reduction} reduction, "

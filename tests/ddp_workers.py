@@ -25,9 +25,10 @@ import torch.distributed as dist
 import del_megatron as dm
 from del_megatron import megatron as dmm
 
+from .cases import TOKEN_FORM
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
 
-CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB)
+CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB, **TOKEN_FORM)
 MICRO_BATCHES, MICRO_BATCH = 2, 2
 # Small enough that the untied output weight (128 x 64) fills a DDP bucket of its own: the last
 # bucket group to be all-gathered, dispatched by the one before it and waited on only by a hook

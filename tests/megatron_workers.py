@@ -15,10 +15,11 @@ from del_megatron import cpu
 from del_megatron import megatron as dmm
 from del_megatron.kernels.linear import resolve_weight_gradient
 
+from .cases import TOKEN_FORM
 from .gpt_helpers import GPT_VOCAB, batch_on_this_cp_rank, build_gpt, number_batch
 from .linear_workers import CountedChunks
 
-CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB)
+CFG = dm.NumericalLossConfig(loss="del", alpha=0.5, vocab=GPT_VOCAB, **TOKEN_FORM)
 
 
 def _tp_group():
@@ -60,7 +61,7 @@ def check_parallel_output_false(tp: int) -> None:
 def train_curve(tp: int, sp: bool, steps: int, out_path: str, loss: str = "del") -> None:
     """`steps` Adam steps on number batches; rank 0 writes the mean-loss curve as JSON."""
     model = build_gpt(tp, sequence_parallel=sp)
-    cfg = dm.NumericalLossConfig(loss=loss, alpha=0.5, vocab=GPT_VOCAB)
+    cfg = dm.NumericalLossConfig(loss=loss, alpha=0.5, vocab=GPT_VOCAB, **TOKEN_FORM)
     dmm.register(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     curve = []
@@ -89,7 +90,7 @@ def check_mtp_goes_through_del(tp: int) -> None:
     for loss in ("ce", "del"):
         model = build_gpt(tp, mtp_layers=1)
         model.train()
-        dmm.register(dm.NumericalLossConfig(loss=loss, alpha=0.5, vocab=GPT_VOCAB))
+        dmm.register(dm.NumericalLossConfig(loss=loss, alpha=0.5, vocab=GPT_VOCAB, **TOKEN_FORM))
         try:
             out = model(tokens, positions, None, labels=labels)
             out.mean().backward()

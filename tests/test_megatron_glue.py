@@ -31,7 +31,7 @@ def through_loss_func(labels, mask, logits, cfg):
     """(loss, num_tokens, report, output) of Megatron-LM's loss_func wrapper on the hook's
     recorded output for these logits, registered for cfg."""
     parts = loss_parts(labels, logits, dm.NumericalLossConfig(loss="del", vocab=cfg.vocab))
-    output = parts.token_loss(cfg.alpha)
+    output = parts.token_loss(cfg.token_weight)
     dmm.register(cfg)
     try:
         telemetry.record(output, parts, cfg)
@@ -44,7 +44,10 @@ def through_loss_func(labels, mask, logits, cfg):
 @pytest.mark.parametrize("reduction", ["token", "digit"])
 def test_telemetry_and_reduction_by_hand(reduction):
     labels, mask, logits = hand_batch()
-    cfg = dm.NumericalLossConfig(loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction)
+    share = 0.5 if reduction == "token" else None
+    cfg = dm.NumericalLossConfig(
+        loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction, digit_share=share
+    )
     loss, num_tokens, report, output = through_loss_func(labels, mask, logits, cfg)
     assert telemetry.find(output) is None  # unregister() forgets the records
 
@@ -59,10 +62,13 @@ def test_telemetry_and_reduction_by_hand(reduction):
     assert report["digit share"].tolist() == [2.0, 3.0]
     assert report["del term"].tolist() == pytest.approx([term_sum.item(), 2.0])
     assert report["ce loss"].tolist() == pytest.approx([ce_sum.item(), 3.0])
-    if reduction == "token":
-        expected = ce_sum + 0.2 * term_sum
+    if reduction == "token":  # each digit's term weighs alpha / digit_share = 0.4
+        expected = ce_sum + 0.4 * term_sum
+        # the weight on the mean term: 0.4 x 2 digits / 3 tokens (alpha x measured / given)
+        assert report["del weight"].tolist() == pytest.approx([0.8, 3.0])
     else:  # mean CE over 3 tokens + alpha * mean term over 2 digits, in Megatron's sum units
         expected = 3 * (ce_sum / 3 + 0.2 * term_sum / 2)
+        assert report["del weight"].tolist() == pytest.approx([0.4, 2.0])  # alpha itself
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert report["lm loss"].tolist() == pytest.approx([expected.item(), 3.0], rel=1e-6)
 
@@ -106,7 +112,8 @@ def parse(argv, provider=None):
 
 def test_flags_defaults_and_explicit_ids():
     args = parse([])
-    assert (args.numerical_loss, args.del_alpha, args.del_reduction) == ("ce", 0.01, "token")
+    assert (args.numerical_loss, args.del_alpha, args.del_reduction) == ("ce", 0.01, "digit")
+    assert args.del_digit_share is None
     assert dmm.config_from_args(args).loss == "ce"
     args = parse(
         "--numerical-loss del --del-alpha 0.1 --del-reduction digit "

@@ -79,6 +79,7 @@ def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_sched
             "lm loss",
             "ce loss",
             "del term",
+            "del weight",
             "digit acc",
             "digit tokens",
             "digit share",

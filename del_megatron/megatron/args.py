@@ -8,6 +8,7 @@ from typing import Callable, Optional
 from ..kernels.linear import WEIGHT_GRADIENTS
 from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
 from ..vocab import DigitVocab
+from ..weights import check_digit_share, check_weight
 from .hook import config_fields
 
 
@@ -20,14 +21,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="ce",
         help="loss added to cross-entropy on digit targets; 'ce' leaves Megatron's loss as is",
     )
-    group.add_argument("--del-alpha", type=float, default=0.01, help="weight of the numerical term")
+    group.add_argument(
+        "--del-alpha",
+        type=float,
+        default=0.01,
+        help="weight of the numerical term's mean over digit targets, as in the papers: "
+        "loss = mean CE + alpha x mean digit term, under either reduction",
+    )
     group.add_argument(
         "--del-reduction",
         choices=REDUCTIONS,
-        default="token",
-        help="'token': each token carries CE + alpha*term (exact across micro-batches and "
-        "ranks); 'digit': the term is averaged over the digit targets of the whole step (all "
-        "micro-batches, all data-parallel ranks)",
+        default="digit",
+        help="'digit' (default): the term is averaged over the digit targets of the whole step "
+        "(all micro-batches, all data-parallel ranks: one count a step); 'token': each digit "
+        "token's term weighs alpha / --del-digit-share in Megatron's per-token loss (no count)",
+    )
+    group.add_argument(
+        "--del-digit-share",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --del-reduction token: the share of loss tokens that are digit targets in "
+        "the run's data, in (0, 1] (`del-megatron check --data-path` measures it)",
     )
     group.add_argument(
         "--del-digit-token-ids",
@@ -112,13 +127,42 @@ def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
 def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
     """NumericalLossConfig from parsed Megatron-LM args. Call before training starts: a
     tokenizer without single-digit tokens stops the run here with a clear message."""
+    check_reduction_flags(args)
     vocab = digit_vocab_from_args(args, tokenizer)
     vocab_size = getattr(args, "padded_vocab_size", None)
     if vocab is not None and vocab_size is not None:
         vocab.check_vocab_size(vocab_size)
     return NumericalLossConfig(
-        loss=args.numerical_loss, alpha=args.del_alpha, vocab=vocab, reduction=args.del_reduction
+        loss=args.numerical_loss,
+        alpha=check_weight(args.del_alpha, "--del-alpha"),
+        vocab=vocab,
+        reduction=args.del_reduction,
+        digit_share=getattr(args, "del_digit_share", None),
     )
+
+
+def check_reduction_flags(args) -> None:
+    """Refuse --del-reduction token without --del-digit-share, and the share without it, in the
+    flags' own words (NumericalLossConfig's messages name its fields)."""
+    share = getattr(args, "del_digit_share", None)
+    if args.numerical_loss == "ce":
+        return
+    if args.del_reduction == "token" and share is None:
+        raise ValueError(
+            "--del-reduction token needs --del-digit-share S, the share of loss tokens that are "
+            "digit targets in your data (`del-megatron check --data-path PREFIX` prints it): "
+            "--del-alpha is the weight on the mean term over digit targets, and the token "
+            "reduction weighs each digit token's term by alpha / S. Or drop --del-reduction "
+            "token: the default 'digit' counts the digit targets itself"
+        )
+    if args.del_reduction != "token" and share is not None:
+        raise ValueError(
+            "--del-digit-share is used by --del-reduction token only: add --del-reduction "
+            "token, or drop --del-digit-share (the default 'digit' reduction counts the digit "
+            "targets itself)"
+        )
+    if share is not None:
+        check_digit_share(share, "--del-digit-share")
 
 
 def set_config_fields(config, cfg: NumericalLossConfig) -> None:

@@ -11,7 +11,7 @@ loss on for it, with the digit ids read from the recipe's tokenizer, and Bridge'
     from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
 
     cfg = qwen25_500m_pretrain_config()
-    enable_numerical_loss(cfg, loss="del", alpha=0.01, reduction="token")
+    enable_numerical_loss(cfg, loss="del", alpha=0.1)
     pretrain(cfg, forward_step_func=numerical_forward_step)
 
 The settings live on the model config object that Megatron-Core's GPTModel reads (the provider
@@ -99,7 +99,8 @@ def enable_numerical_loss(
     *,
     loss: str = "del",
     alpha: float = 0.01,
-    reduction: str = "token",
+    reduction: str = "digit",
+    digit_share: Optional[float] = None,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
     logits_free: Union[bool, str] = False,
@@ -134,7 +135,9 @@ def enable_numerical_loss(
                 "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
             )
         vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
-    cfg = NumericalLossConfig(loss=loss, alpha=alpha, vocab=vocab, reduction=reduction)
+    cfg = NumericalLossConfig(
+        loss=loss, alpha=alpha, vocab=vocab, reduction=reduction, digit_share=digit_share
+    )
     size = _vocab_size(config)
     if size is not None:
         vocab.check_vocab_size(size)
@@ -161,6 +164,8 @@ def enable_numerical_loss(
     if cfg.reduction == "digit":
         make_accounting = functools.partial(step_accounting, cfg)
     register(None, step_accounting=make_accounting)
+    # its loss function applies the digit reduction: numerical_forward_step's, not Bridge's
+    state.current().loss_func_required = cfg.reduction == "digit"
     return cfg
 
 

@@ -16,7 +16,6 @@ import contextvars
 import functools
 import importlib
 import inspect
-from dataclasses import replace
 from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
@@ -27,7 +26,7 @@ from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_
 from ..sequence import check_balancing
 from ..vocab import DigitVocab
 from . import logits_free as lf
-from . import state, support, telemetry
+from . import resume, state, support, telemetry
 from .state import Registration
 
 _MARKER = "_del_megatron_original"  # on LanguageModule: the original loss method
@@ -48,6 +47,7 @@ FIELD_REDUCTION = "del_reduction"
 FIELD_DIGITS = "del_digit_token_ids"
 FIELD_POINTS = "del_decimal_point_token_ids"
 FIELD_MULTI_DIGITS = "del_multi_digit_token_ids"
+FIELD_SHARE = "del_digit_share"
 
 
 def _language_module():
@@ -63,6 +63,7 @@ def config_fields(cfg: NumericalLossConfig) -> dict:
         FIELD_LOSS: cfg.loss,
         FIELD_ALPHA: cfg.alpha,
         FIELD_REDUCTION: cfg.reduction,
+        FIELD_SHARE: cfg.digit_share,
         FIELD_DIGITS: list(vocab.digit_ids) if vocab else None,
         FIELD_POINTS: list(vocab.decimal_point_ids) if vocab else None,
         FIELD_MULTI_DIGITS: list(vocab.multi_digit_ids) if vocab and vocab.chunked else None,
@@ -86,7 +87,8 @@ def cfg_from_model_config(config) -> Optional[NumericalLossConfig]:
         loss=loss,
         alpha=getattr(config, FIELD_ALPHA, 0.01),
         vocab=vocab,
-        reduction=getattr(config, FIELD_REDUCTION, "token"),
+        reduction=getattr(config, FIELD_REDUCTION, None) or "digit",
+        digit_share=getattr(config, FIELD_SHARE, None),
     )
 
 
@@ -349,13 +351,40 @@ def _check_digit_ids(cfg: NumericalLossConfig) -> None:
         )
 
 
-def _token_loss(parts: LossParts, cfg: NumericalLossConfig) -> torch.Tensor:
-    """[b, s] CE + alpha * term, recorded for the loss function. The "digit" reduction is
-    applied by the loss_func wrapper, which has the loss mask: the model always returns the
-    "token" form, so that a plain Megatron loss_func stays correct."""
-    loss = parts.token_loss(cfg.alpha)
+def _token_loss(parts: LossParts, cfg: NumericalLossConfig, labels: torch.Tensor) -> torch.Tensor:
+    """[b, s] CE + token_weight * term, recorded for the loss function. The "digit" reduction
+    is applied by the loss_func wrapper, which has the loss mask and the step's counts: the
+    model returns the per-token form."""
+    loss = parts.token_loss(cfg.token_weight)
     telemetry.record(loss, parts, cfg)
+    if labels is _forward_labels.get():  # the main head's (MTP heads' never reach loss_func)
+        _expect_reduction(loss, cfg)
     return loss
+
+
+UNREDUCED = (
+    "del_megatron: the last training micro-batch's loss never reached del_megatron's loss "
+    "function, so the 'digit' reduction (the default) was not applied to it: it trained alpha "
+    "x the digit share on the mean digit term instead of alpha. With Megatron-Bridge pass "
+    "forward_step_func=numerical_forward_step to pretrain() / finetune() (or wrap your forward "
+    "step with make_forward_step); in your own loop call "
+    "del_megatron.megatron.numerical_loss_func(loss_mask, output); or use reduction='token' "
+    "with digit_share (no loss function of ours needed)"
+)
+
+
+def _expect_reduction(loss: torch.Tensor, cfg: NumericalLossConfig) -> None:
+    """Where the registration requires our loss function, stop at a training micro-batch
+    whose predecessor's loss it never saw (the "digit" reduction would go unapplied)."""
+    registration = state.current()
+    if registration is None or not registration.loss_func_required:
+        return
+    if cfg.reduction != "digit" or not torch.is_grad_enabled():
+        return
+    if registration.unreduced is not None:
+        registration.unreduced = None
+        raise RuntimeError(UNREDUCED)
+    registration.unreduced = loss
 
 
 def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -371,14 +400,14 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
     parts = loss_parts(
         labels,
         logits,
-        replace(cfg, reduction="token"),
+        cfg,
         _tp_group(self, logits),
         cp_group=cp_group,
         cu_seqlens=_cu_seqlens(),
         cp_balancing=cp_balancing,
         inplace=_logits_spent_by_the_loss(self, labels, logits),
     )
-    return _token_loss(parts, cfg)
+    return _token_loss(parts, cfg, labels)
 
 
 def _logits_spent_by_the_loss(module, labels: torch.Tensor, logits: torch.Tensor) -> bool:
@@ -463,7 +492,7 @@ def _logits_free_loss(
             hidden_states,
             weight,
             labels,
-            replace(cfg, reduction="token"),
+            cfg,
             tp_group,
             return_parts=True,
             cp_group=cp_group,
@@ -473,7 +502,7 @@ def _logits_free_loss(
             loss_mask=loss_mask,
             weight_gradient=route,
         )
-    return _token_loss(parts, cfg)
+    return _token_loss(parts, cfg, labels)
 
 
 def register(
@@ -519,10 +548,12 @@ def register(
     if cfg is not None and cfg.loss != "ce":
         state.log_once(
             "settings",
-            "del_megatron: %s (alpha %s, %s reduction) on digit ids %s, decimal points %s",
+            "del_megatron: %s (alpha %s on the mean term over digit targets, %s reduction%s) on "
+            "digit ids %s, decimal points %s",
             cfg.loss,
             cfg.alpha,
             cfg.reduction,
+            "" if cfg.digit_share is None else f", digit share {cfg.digit_share:g}",
             list(cfg.vocab.digit_ids) if cfg.vocab else None,
             list(cfg.vocab.decimal_point_ids) if cfg.vocab else None,
         )
@@ -536,6 +567,7 @@ def unregister() -> None:
         module.compute_language_model_loss = getattr(module, _MARKER)
         delattr(module, _MARKER)
     _unwrap_forwards()
+    resume.uninstall()
     state.end()
 
 

@@ -117,7 +117,8 @@ def enable_numerical_loss(
     *,
     loss: str = "del",
     alpha: float = 0.01,
-    reduction: str = "token",
+    reduction: str = "digit",
+    digit_share: Optional[float] = None,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
     logits_free: Union[bool, str] = False,
@@ -145,7 +146,9 @@ def enable_numerical_loss(
             if inner is None:
                 raise
             vocab = DigitVocab.from_tokenizer(inner, allow_multi_digit_tokens)
-    cfg = NumericalLossConfig(loss=loss, alpha=alpha, vocab=vocab, reduction=reduction)
+    cfg = NumericalLossConfig(
+        loss=loss, alpha=alpha, vocab=vocab, reduction=reduction, digit_share=digit_share
+    )
     config = model.config
     check_model_config(config, weight_gradient_of(logits_free))
     for name, value in config_fields(cfg).items():

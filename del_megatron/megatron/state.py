@@ -20,6 +20,7 @@ from ..loss import NumericalLossConfig
 
 if TYPE_CHECKING:
     from .accounting import DigitAccounting
+    from .share_watch import ShareWatch
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,11 @@ class Registration:
     accounting_groups: the process groups the accounting was made with; counted_models: the
     models lm.counted has seen (by id); checked_models: the models whose configuration the loss
     hook has checked (by id). cp_balancing: how the data pipeline cuts a packed batch over the
-    context-parallel ranks when no micro-batch says otherwise (hook.register)."""
+    context-parallel ranks when no micro-batch says otherwise (hook.register). share_watch: the
+    token reduction's given digit share, checked against the measured one (share_watch.py).
+    loss_func_required: the framework's loss function must be ours (the "digit" reduction is
+    applied there); unreduced: the last training micro-batch's main-head loss it has not seen
+    yet (hook._expect_reduction)."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
@@ -54,6 +59,9 @@ class Registration:
     counted_models: Dict[int, Any] = field(default_factory=dict)
     checked_models: Dict[int, Any] = field(default_factory=dict)
     cp_balancing: str = "document"
+    share_watch: Optional[ShareWatch] = None
+    loss_func_required: bool = False
+    unreduced: Optional[Any] = None
 
 
 _current: Dict[str, Registration] = {}

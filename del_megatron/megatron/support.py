@@ -98,13 +98,15 @@ def check_hybrid_context_parallel(settings: Any) -> None:
             "while the micro-batch still carries its hybrid local_cp_size, so the loss cannot "
             "tell which split its tokens are in; drop one of the two flags"
         )
-    digit = getattr(settings, "del_reduction", "token") == "digit"
+    digit = (getattr(settings, "del_reduction", None) or "digit") == "digit"
     if digit and getattr(settings, "numerical_loss", None) not in (None, "ce"):
         raise ValueError(
-            "--hybrid-context-parallel with --del-reduction digit: hybrid context parallelism "
+            "--hybrid-context-parallel with --del-reduction digit (the default): hybrid context "
+            "parallelism "
             "schedules each packed sub-sample on its own one-sample data iterator, so "
             "del_megatron cannot count the step's digit targets for the step-wide digit "
-            "reduction; use --del-reduction token, or drop --hybrid-context-parallel"
+            "reduction; use --del-reduction token --del-digit-share S (`del-megatron check "
+            "--data-path` measures S), or drop --hybrid-context-parallel"
         )
 
 

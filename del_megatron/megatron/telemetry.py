@@ -97,13 +97,27 @@ def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
         count = count.detach().float() + COUNT_EPS
         return torch.stack([total.detach().float() + floor * count, count])
 
+    n_tokens = mask.sum()
     return {
-        "ce loss": pair((rec.parts.ce.float() * mask).sum(), mask.sum()),
+        "ce loss": pair((rec.parts.ce.float() * mask).sum(), n_tokens),
         f"{rec.cfg.loss} term": pair((rec.parts.term.float() * mask).sum(), n_digits),
+        f"{rec.cfg.loss} weight": effective_weight(rec.cfg, n_digits, n_tokens, pair),
         "digit acc": pair((correct.float() * digit_mask).sum(), n_digits),
         "digit tokens": pair(n_digits, torch.ones_like(n_digits)),
         "digit share": pair(n_digits, mask.sum()),
     }
+
+
+def effective_weight(
+    cfg: NumericalLossConfig, n_digits: torch.Tensor, n_tokens: torch.Tensor, pair: Callable
+) -> torch.Tensor:
+    """The report entry of the weight the loss puts on the mean term over digit targets: alpha
+    for the "digit" reduction; for the "token" one alpha / digit_share x the measured share,
+    summed as Megatron-LM sums entries (micro-batches, data-parallel ranks), so that the logged
+    sum / count is token_weight x (the step's digit targets / its loss tokens)."""
+    if cfg.reduction == "token":
+        return pair(cfg.token_weight * n_digits, n_tokens)
+    return pair(cfg.token_weight * n_digits, n_digits)
 
 
 # Marks the functions make_loss_func (and lm.install's forward_step wrapper) made.
@@ -157,6 +171,9 @@ def apply_to_loss(
     if rec is None:  # the model computed its loss without del_megatron
         check_recorded(rec, _expected_loss(model))
         return base(output_tensor)
+    registration = state.current()
+    if registration is not None and registration.unreduced is output_tensor:
+        registration.unreduced = None
     result = base(digit_reduced(loss_mask, rec))
     if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
         raise ValueError(
@@ -164,7 +181,11 @@ def apply_to_loss(
             "Megatron-LM's pretrain_gpt.py (core 0.12 on) and Megatron-Bridge's do"
         )
     loss, num_tokens, report = result
-    return loss, num_tokens, {**report, **report_entries(loss_mask, rec)}
+    entries = report_entries(loss_mask, rec)
+    watch = registration.share_watch if registration is not None else None
+    if watch is not None and torch.is_grad_enabled():  # training micro-batches only
+        watch.observe(*entries["digit share"])
+    return loss, num_tokens, {**report, **entries}
 
 
 def make_loss_func(base_loss_func: Callable) -> Callable:

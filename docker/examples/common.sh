@@ -52,5 +52,6 @@ run_pretrain() {
     --train-iters "${TRAIN_ITERS:-2000}" --bf16 --use-distributed-optimizer \
     --save "$ckpt" "${START[@]}" --save-interval 200 \
     --log-interval 10 --eval-interval 200 --eval-iters 10 \
-    --numerical-loss del --del-alpha "${DEL_ALPHA:-0.1}" --del-reduction "${DEL_REDUCTION:-token}"
+    --numerical-loss del --del-alpha "${DEL_ALPHA:-0.1}" --del-reduction "${DEL_REDUCTION:-digit}" \
+    ${DEL_DIGIT_SHARE:+--del-digit-share "$DEL_DIGIT_SHARE"}
 }

