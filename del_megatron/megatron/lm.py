@@ -26,11 +26,12 @@ import torch
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
-from . import state
+from . import resume, state
 from .accounting import DigitAccounting
 from .args import add_arguments, chain_extra_args, config_from_args, set_config_fields
 from .hook import check_model_config, register
 from .logits_free import weight_gradient_of
+from .share_watch import ShareWatch
 from .support import check_settings
 from .telemetry import WRAPPED, make_loss_func
 
@@ -178,6 +179,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
     (None, and nothing registered, for --numerical-loss ce without --del-logits-free). Flags
     del_megatron cannot train with are refused here, before any model exists (support.py)."""
+    resume.install()  # a --load of other numerical-loss settings is announced (resume.py)
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss == "ce" and not logits_free:
         return None
@@ -192,7 +194,30 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
         logits_free=logits_free,
         cp_balancing=cp_balancing_of(args),
     )
+    registration = state.current()
+    registration.loss_func_required = cfg.reduction == "digit" and cfg.loss != "ce"
+    if cfg.reduction == "token" and cfg.loss != "ce":
+        registration.share_watch = share_watch(cfg, args)
     return cfg
+
+
+def share_watch(cfg: NumericalLossConfig, args: Any) -> ShareWatch:
+    """The check of --del-digit-share against the share measured over each of Megatron-LM's
+    log intervals (--log-interval steps), warned on the first tensor- and data-parallel rank
+    of the last pipeline stage (where the loss is computed)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    def reports() -> bool:
+        return (
+            ps.get_tensor_model_parallel_rank() == 0
+            and ps.get_data_parallel_rank(with_context_parallel=True) == 0
+        )
+
+    interval = int(getattr(args, "log_interval", None) or 100)
+    return ShareWatch(
+        cfg.digit_share, cfg.alpha, lambda: interval * get_num_microbatches(), reports
+    )
 
 
 def cp_balancing_of(args: Any) -> str:

@@ -1,0 +1,215 @@
+"""Say so when a run resumes a checkpoint trained with other numerical-loss settings.
+
+Megatron-LM's load_checkpoint hands the args a checkpoint was saved with (state_dict['args'])
+to megatron.training.checkpointing.check_checkpoint_args (core_v0.16.1, core_v0.18.0 and
+core_v0.19.0 alike; core 0.19 adds a skip_args keyword) before iteration 1, on every rank,
+unless --finetune is set or --pretrained-checkpoint started the run (Megatron-LM compares no
+args then, and neither do we). install() wraps that module-level function: Megatron-LM's own
+checks run first, then rank 0 logs once what this run changes (announcements). A change is
+never refused: continuing a CE checkpoint with DEL is the main use.
+
+A checkpoint of del-megatron 0.1 has no del_digit_share: under its token reduction, --del-alpha
+weighed each digit token's term, so the weight on the mean digit term was alpha x the data's
+digit share, where it is now alpha itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from ..loss import NumericalLossConfig
+from . import state
+
+MODULE = "megatron.training.checkpointing"
+FUNCTION = "check_checkpoint_args"
+_MARKER = "_del_megatron_original_check_checkpoint_args"  # on MODULE: Megatron-LM's function
+
+MIGRATION = "docs/megatron-lm.md, 'Migrating from 0.1'"
+# del-megatron 0.1's defaults, for checkpoints that lack a flag.
+OLD_ALPHA = 0.01
+OLD_REDUCTION = "token"
+
+# Settings field -> the Megatron-LM flag that sets it.
+FLAGS = {
+    "loss": "--numerical-loss",
+    "alpha": "--del-alpha",
+    "reduction": "--del-reduction",
+    "digit_share": "--del-digit-share",
+    "digit_ids": "--del-digit-token-ids",
+}
+NAMES = {"ce": "CE", "del": "DEL"}
+
+OLD_UNIT = (
+    "del_megatron: the checkpoint in --load was trained by del-megatron 0.1 with --del-alpha "
+    "{old} under the token reduction: a weight of {old} x its data's digit share on the mean "
+    "digit term. This run's --del-alpha {new} is the weight on the mean digit term itself "
+    "({migration}); --del-reduction token --del-digit-share 1 --del-alpha {old} trains what "
+    "the checkpoint trained"
+)
+CHANGED = (
+    "del_megatron: the checkpoint in --load was trained with other numerical-loss settings: "
+    "{changes}; this run trains with its own from here"
+)
+FROM_CE = "del_megatron: this run continues a CE checkpoint with {name} ({flags})"
+TO_CE = (
+    "del_megatron: this run continues a {name} checkpoint ({flags}) with CE: no numerical "
+    "term from here"
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a numerical loss trains; loss "ce" leaves every other field None."""
+
+    loss: str = "ce"
+    alpha: Optional[float] = None
+    reduction: Optional[str] = None
+    digit_share: Optional[float] = None
+    digit_ids: Optional[Tuple[int, ...]] = None
+
+
+def settings_of_args(args: Any) -> Settings:
+    """The Settings a Namespace of Megatron-LM args names (a checkpoint's, or a run's); one
+    without numerical_loss, as plain Megatron-LM saves, is CE."""
+    loss = getattr(args, "numerical_loss", None) or "ce"
+    if loss == "ce":
+        return Settings()
+    ids = getattr(args, "del_digit_token_ids", None)
+    return Settings(
+        loss=loss,
+        alpha=getattr(args, "del_alpha", OLD_ALPHA),
+        reduction=getattr(args, "del_reduction", None) or OLD_REDUCTION,
+        digit_share=getattr(args, "del_digit_share", None),
+        digit_ids=None if ids is None else tuple(ids),
+    )
+
+
+def settings_of_config(cfg: NumericalLossConfig) -> Settings:
+    """The Settings of a registered config (its digit ids as read from the tokenizer)."""
+    if cfg.loss == "ce":
+        return Settings()
+    ids = None if cfg.vocab is None else tuple(cfg.vocab.digit_ids)
+    return Settings(cfg.loss, cfg.alpha, cfg.reduction, cfg.digit_share, ids)
+
+
+def is_old_unit(args: Any) -> bool:
+    """Whether checkpoint args were saved by del-megatron 0.1 (no del_digit_share) with the
+    token reduction, whose alpha weighed each digit token's term."""
+    settings = settings_of_args(args)
+    return (
+        settings.loss != "ce"
+        and settings.reduction == "token"
+        and not hasattr(args, "del_digit_share")
+    )
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def changes(old: Settings, new: Settings, fields: Sequence[str] = tuple(FLAGS)) -> List[str]:
+    """'--flag old -> new' for each of `fields` that differs (digit ids only when both sides
+    name them: a checkpoint saved without --del-digit-token-ids read them from its tokenizer)."""
+    found = []
+    for name in fields:
+        before, after = getattr(old, name), getattr(new, name)
+        if name == "digit_ids" and (before is None or after is None):
+            continue
+        if before != after:
+            found.append(f"{FLAGS[name]} {_shown(before)} -> {_shown(after)}")
+    return found
+
+
+def flags_of(settings: Settings) -> str:
+    """The flags that give `settings` (digit ids left out)."""
+    shown = [f"--numerical-loss {settings.loss}", f"--del-alpha {_shown(settings.alpha)}"]
+    shown.append(f"--del-reduction {settings.reduction}")
+    if settings.digit_share is not None:
+        shown.append(f"--del-digit-share {_shown(settings.digit_share)}")
+    return " ".join(shown)
+
+
+def old_unit_line(old_alpha: float, new_alpha: float) -> str:
+    return OLD_UNIT.format(old=_shown(old_alpha), new=_shown(new_alpha), migration=MIGRATION)
+
+
+def _switch_line(old: Settings, new: Settings) -> Optional[str]:
+    """The line for a CE checkpoint continued with a numerical loss, or the other way round."""
+    if old.loss == new.loss:
+        return None
+    if old.loss == "ce":
+        return FROM_CE.format(name=NAMES.get(new.loss, new.loss), flags=flags_of(new))
+    return TO_CE.format(name=NAMES.get(old.loss, old.loss), flags=flags_of(old))
+
+
+def announcements(checkpoint_args: Any, run: Settings) -> List[str]:
+    """What to log when a run with `run` resumes a checkpoint saved with `checkpoint_args`:
+    nothing when it trains what the checkpoint trained."""
+    old = settings_of_args(checkpoint_args)
+    if "ce" in (old.loss, run.loss):
+        line = _switch_line(old, run)
+        return [] if line is None else [line]
+    lines, fields = [], tuple(FLAGS)
+    if is_old_unit(checkpoint_args):
+        lines.append(old_unit_line(old.alpha, run.alpha))
+        fields = ("loss", "digit_ids")  # the line above says what alpha and the reduction mean
+    changed = changes(old, run, fields)
+    if changed:
+        lines.append(CHANGED.format(changes=", ".join(changed)))
+    return lines
+
+
+def run_settings(args: Any) -> Settings:
+    """This run's Settings: the registered config's when there is one, else its args'."""
+    registration = state.current()
+    if registration is not None and registration.cfg is not None:
+        return settings_of_config(registration.cfg)
+    return settings_of_args(args)
+
+
+def announce(checkpoint_args: Any, args: Any) -> None:
+    """Log each announcement once, at INFO, on rank 0."""
+    for line in announcements(checkpoint_args, run_settings(args)):
+        state.log_once(f"resume: {line}", "%s", line)
+
+
+def _wrap(check: Callable, module: Any) -> Callable:
+    """`check` (Megatron-LM's), then the announcement for the run's args (module.get_args)."""
+
+    @functools.wraps(check)
+    def check_checkpoint_args(checkpoint_args, *args, **kwargs):
+        result = check(checkpoint_args, *args, **kwargs)
+        announce(checkpoint_args, module.get_args())
+        return result
+
+    return check_checkpoint_args
+
+
+def install() -> None:
+    """Wrap Megatron-LM's check_checkpoint_args (a no-op without Megatron-LM). Idempotent."""
+    try:
+        module = importlib.import_module(MODULE)
+    except ImportError:
+        return
+    if hasattr(module, _MARKER):
+        return
+    setattr(module, _MARKER, getattr(module, FUNCTION))
+    setattr(module, FUNCTION, _wrap(getattr(module, _MARKER), module))
+
+
+def uninstall() -> None:
+    """Restore Megatron-LM's own check_checkpoint_args. Idempotent."""
+    module = sys.modules.get(MODULE)
+    if module is not None and hasattr(module, _MARKER):
+        setattr(module, FUNCTION, getattr(module, _MARKER))
+        delattr(module, _MARKER)
