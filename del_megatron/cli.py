@@ -85,10 +85,16 @@ def _train_flags(args, skip: Sequence[str] = ()) -> List[str]:
 
 
 def _check(args) -> int:
-    from .preflight import check_tokenizer, report
+    from .data_share import parse_data_path
+    from .preflight import check_tokenizer, measure_data, report
 
+    if args.data_path is not None:  # its mistakes are named before the tokenizer loads
+        parse_data_path(args.data_path)
     result = check_tokenizer(args.tokenizer, args.tokenizer_type, args.allow_multi_digit_tokens)
-    print(report(result, args.loss, args.alpha))
+    data = None
+    if args.data_path is not None:
+        data = measure_data(result, args.data_path, args.sample_tokens)
+    print(report(result, args.loss, args.alpha, data))
     return 0 if result.ok else 1
 
 
@@ -107,7 +113,15 @@ def _train(args) -> int:
 
     _init_process_group()
     try:
-        train(TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}))
+        train(
+            TrainConfig(
+                **{
+                    f.name: getattr(args, f.name)
+                    for f in fields(TrainConfig)
+                    if hasattr(args, f.name)
+                }
+            )
+        )
     finally:
         dist.destroy_process_group()
     return 0
@@ -233,6 +247,7 @@ def _check_model_shape(parser: argparse.ArgumentParser, args, tp: Optional[int])
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .data_share import DEFAULT_SAMPLE_TOKENS
     from .preflight import DEFAULT_ALPHA, SENTENCEPIECE
 
     parser = argparse.ArgumentParser(prog="del-megatron", description=__doc__.split("\n\n")[0])
@@ -307,6 +322,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the weight to put in the flags (default: the one recommended for the "
         f"tokenizer's family; --del-alpha itself defaults to {DEFAULT_ALPHA:g})",
+    )
+    check.add_argument(
+        "--data-path",
+        nargs="+",
+        default=None,
+        metavar="PREFIX",
+        help="Megatron-LM's --data-path (PREFIX ... or WEIGHT PREFIX ...): measure the share of "
+        "its label positions that are digit targets, and print the --del-reduction token flags "
+        "with it",
+    )
+    check.add_argument(
+        "--sample-tokens",
+        type=positive,
+        default=DEFAULT_SAMPLE_TOKENS,
+        help="with --data-path: about how many tokens to read from each dataset, in whole "
+        f"documents spread evenly over it (default {DEFAULT_SAMPLE_TOKENS:,})",
     )
     check.set_defaults(func=_check)
 

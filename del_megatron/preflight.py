@@ -3,15 +3,19 @@
 Given a tokenizer file (what DigitVocab.from_tokenizer reads) or Megatron-LM's
 `--tokenizer-type` / `--tokenizer-model` pair, report the digit and decimal-point ids, whether
 numbers are split one digit per token, the tokenizer's family with the DEL weight (alpha)
-recommended for it, and the Megatron-LM flags to add.
+recommended for it, and the Megatron-LM flags to add. With Megatron-LM's `--data-path`, also
+the share of the data's label positions that are digit targets (del_megatron.data_share), and
+the flags of the token reduction that uses it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
+from .data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
 from .tokenizers import QWEN_PATTERN, OffsetEncoding, digit_vocab_from_tokenizer, load_tokenizer
+from .vocab import DigitVocab
 
 # `--del-alpha`'s default (del_megatron/megatron/args.py): the smaller of the DEL paper's two
 # settings, for tokenizers the paper did not train with.
@@ -82,6 +86,12 @@ CHUNKED_EVIDENCE = (
     "--del-single-digits-only, and against --numerical-loss ce, before a long run"
 )
 
+# What --del-alpha means under either reduction (NumericalLossConfig.alpha).
+WEIGHT_MEANING = (
+    "alpha is the weight on the mean term over digit targets (the papers' unit): "
+    "loss = mean CE + alpha x mean digit term"
+)
+
 # NTL-WAS and NTL-MSE at their authors' recommended 0.3; DIST2 has none of its own: DEL's.
 OTHER_LOSS_WEIGHTS = {"ntl_was": 0.3, "ntl_mse": 0.3}
 
@@ -113,23 +123,30 @@ class Preflight:
     message: str
     advice: AlphaAdvice = UNKNOWN
     chunked: bool = False
+    vocab: Optional[DigitVocab] = None
 
     @property
     def ok(self) -> bool:
         return self.digit_ids is not None
 
-    def flags(self, loss: str = "del", alpha: Optional[float] = None) -> str:
-        """The Megatron-LM flags; alpha None: the one recommended for the family."""
+    def flags(
+        self, loss: str = "del", alpha: Optional[float] = None, digit_share: Optional[float] = None
+    ) -> str:
+        """The Megatron-LM flags; alpha None: the one recommended for the family. digit_share
+        None: the digit reduction; else the token reduction with that share (3 digits)."""
         if not self.ok:
             return ""
         alpha = recommended_weight(loss, self.advice) if alpha is None else alpha
         flags = [f"--numerical-loss {loss} --del-alpha {alpha:g}"]
-        if self.chunked:  # the run reads its 1,110 number tokens from the same tokenizer
-            return flags[0]
-        flags.append("--del-digit-token-ids " + " ".join(map(str, self.digit_ids)))
-        if self.decimal_point_ids:
-            points = " ".join(map(str, self.decimal_point_ids))
-            flags.append(f"--del-decimal-point-token-ids {points}")
+        if not self.chunked:  # a chunking run reads its 1,110 number tokens from its tokenizer
+            flags.append("--del-digit-token-ids " + " ".join(map(str, self.digit_ids)))
+            if self.decimal_point_ids:
+                points = " ".join(map(str, self.decimal_point_ids))
+                flags.append(f"--del-decimal-point-token-ids {points}")
+        if digit_share is None:
+            flags.append("--del-reduction digit")
+        else:
+            flags.append(f"--del-reduction token --del-digit-share {digit_share:.3g}")
         if not self.digits_split:
             flags.append("--del-allow-multi-digit-tokens")
         return " ".join(flags)
@@ -182,11 +199,74 @@ def check_tokenizer(
         f"{path}: numbers tokenize {how}",
         alpha_advice(tok),
         vocab.chunked,
+        vocab,
     )
 
 
-def report(result: Preflight, loss: str = "del", alpha: Optional[float] = None) -> str:
-    """The lines `del-megatron check` prints; alpha None: the family's recommended weight."""
+def measure_data(
+    result: Preflight, data_path: Sequence[str], sample_tokens: int = DEFAULT_SAMPLE_TOKENS
+) -> BlendShare:
+    """The digit share of Megatron-LM's --data-path list, counted with the checked tokenizer's
+    number tokens; ValueError when it has none DEL can use."""
+    if not result.ok:
+        raise ValueError(
+            "--data-path: counting digit targets needs a tokenizer with digit ids, and this one "
+            f"has none DEL can use: {result.message}"
+        )
+    return blend_share(data_path, result.vocab, sample_tokens)
+
+
+def _read(d: DatasetShare) -> str:
+    return (
+        f"{d.read_tokens:,} tokens in {d.read_documents:,} of {d.documents:,} documents of "
+        f"{d.prefix}"
+    )
+
+
+def _what_was_read(data: BlendShare) -> str:
+    if len(data.datasets) == 1:
+        return _read(data.datasets[0])
+    how = "weights normalised"
+    if not data.weighted:
+        how = "weighed by their tokens, as Megatron blends prefixes without weights"
+    parts = [
+        f"weight {w:.3g}, share {d.share:.4g}: {_read(d)}"
+        for w, d in zip(data.weights, data.datasets, strict=True)
+    ]
+    return f"the mean over {len(parts)} datasets, {how}; " + "; ".join(parts)
+
+
+def share_lines(
+    result: Preflight, data: BlendShare, loss: str = "del", alpha: Optional[float] = None
+) -> List[str]:
+    """The measured digit share (how much was read, from which datasets) and the flags of the
+    token reduction that uses it."""
+    share = data.share
+    lines = [
+        f"digit share of --data-path: {share:.4g} of label positions are digit targets, counted "
+        f"in digits ({_what_was_read(data)})"
+    ]
+    if not 0 < float(f"{share:.3g}") <= 1:
+        lines.append(
+            f"no token route for a share of {share:.3g} (--del-digit-share takes (0, 1]): keep "
+            "the digit reduction above"
+        )
+        return lines
+    lines.append(
+        "or the token route, exact while the batches keep this share (each digit token's term "
+        f"weighs alpha / S, no counting): {result.flags(loss, alpha, share)}"
+    )
+    return lines
+
+
+def report(
+    result: Preflight,
+    loss: str = "del",
+    alpha: Optional[float] = None,
+    data: Optional[BlendShare] = None,
+) -> str:
+    """The lines `del-megatron check` prints; alpha None: the family's recommended weight;
+    data: the --data-path's measured share (measure_data), for the token-route flags."""
     lines = [result.message]
     if result.ok:
         advice = result.advice
@@ -208,5 +288,8 @@ def report(result: Preflight, loss: str = "del", alpha: Optional[float] = None) 
         lines.append(f"recommended --del-alpha {weight:g} for {loss}: {why}{yours}")
         if result.chunked:
             lines.append(CHUNKED_EVIDENCE)
+        lines.append(WEIGHT_MEANING)
         lines.append(f"add to pretrain_gpt.py: {result.flags(loss, alpha)}")
+        if data is not None:
+            lines += share_lines(result, data, loss, alpha)
     return "\n".join(lines)

