@@ -84,7 +84,8 @@ def _finished_run(path, seed, loss, weight=None, **changed):
     os.makedirs(path, exist_ok=True)
     bonus = 0.1 if loss != "ce" else 0.0
     weight = compare.PAPER_WEIGHTS[loss] if weight is None else weight
-    config = {**SETTINGS, "loss": loss, "alpha": weight, "seed": seed, "out_dir": path, **changed}
+    config = {**SETTINGS, "loss": loss, "alpha": weight, "seed": seed, "out_dir": path}
+    config = {**config, "reduction": "digit", **changed}
     run = {
         "config": config,
         "finished": True,
@@ -141,6 +142,7 @@ def test_a_failed_run_stops_the_sweep_with_how_to_continue(tmp_path):
         ("ce", {"eval_problems": 64}, "eval_problems 64 -> 0"),  # scored on other problems
         ("ce", {"curve_points": 4}, "curve_points 4 -> 10"),  # its curve at other steps
         ("del@0.05", {}, "alpha 0.1 -> 0.05"),
+        ("del", {"reduction": "token"}, "reduction 'token' -> 'digit'"),  # alpha's old unit
     ],
 )
 def test_a_run_made_with_other_settings_is_not_reused(tmp_path, arm, changed, named):
@@ -154,6 +156,19 @@ def test_a_run_made_with_other_settings_is_not_reused(tmp_path, arm, changed, na
 
     with pytest.raises(RuntimeError, match=f"{named}.*another --out"):
         compare.sweep(str(tmp_path), [arm], [11], train, SETTINGS, log=lambda _: None)
+
+
+def test_a_run_from_before_the_weight_unit_was_recorded_is_not_reused(tmp_path):
+    """A run whose config has no `reduction` trained alpha x digit share on the mean term."""
+    path = compare.run_dir(str(tmp_path), 11, parse_arm("del"))
+    _finished_run(path, 11, "del")
+    with open(os.path.join(path, "metrics.json")) as fh:
+        run = json.load(fh)
+    del run["config"]["reduction"]
+    with open(os.path.join(path, "metrics.json"), "w") as fh:
+        json.dump(run, fh)
+    with pytest.raises(RuntimeError, match="reduction 'token' -> 'digit'.*another --out"):
+        compare.sweep(str(tmp_path), [parse_arm("del")], [11], None, SETTINGS, log=print)
 
 
 def test_a_run_that_differs_only_in_how_it_was_driven_is_reused(tmp_path):

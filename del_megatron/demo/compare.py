@@ -16,7 +16,13 @@ from typing import Callable, Dict, Mapping, Sequence
 
 from ..preflight import SENTENCEPIECE, recommended_weight
 from . import report
-from .config import NOT_DEFINING, SCORING, SINGLE_DIGIT_DEL, differing_settings
+from .config import (
+    NOT_DEFINING,
+    SCORING,
+    SINGLE_DIGIT_DEL,
+    WEIGHT_REDUCTION,
+    differing_settings,
+)
 from .stats import mean_interval, paired_difference
 
 BASELINE = "ce"
@@ -134,6 +140,7 @@ def sweep(
             run = read_run(path)
             if run:
                 wanted = {**settings, "loss": arm.loss, "alpha": arm.weight, "seed": seed}
+                wanted["reduction"] = WEIGHT_REDUCTION  # alpha's unit
                 check_finished_run(path, run, wanted)
             if run.get("finished"):
                 log(f"[{done}/{total}] seed {seed}, {arm.name}: finished before, not run again")

@@ -15,6 +15,9 @@ CHUNKED = "chunked"
 # what a chunking tokenizer got before DEL had slots; the same as `del` on a one-digit tokenizer.
 SINGLE_DIGIT_DEL = "del_single"
 
+# The demo's reduction, which makes alpha the weight on the mean term over digit targets.
+WEIGHT_REDUCTION = "digit"
+
 # Ranges of numeric settings: "positive" (> 0) or "non-negative" (>= 0).
 POSITIVE, NON_NEGATIVE = "positive", "non-negative"
 
@@ -59,10 +62,16 @@ class TrainConfig:
         200, NON_NEGATIVE, "held-out problems (the first N) scored at each curve point (0: all)"
     )
     progress: bool = True
+    # alpha's unit: the weight on the mean term over digit targets (NumericalLossConfig's
+    # "digit" reduction). Runs made before it was recorded trained alpha x the batch's digit
+    # share on that mean (the old "token" reduction): LEGACY_SETTINGS.
+    reduction: str = WEIGHT_REDUCTION
 
 
 # Fields that are not flags of their own (the CLI sets them by other means).
-NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress")
+NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress", "reduction")
+# What a saved run that lacks a setting trained with (it was made before the setting existed).
+LEGACY_SETTINGS = {"reduction": "token"}
 
 # Fields that do not change what a run trains: where it lives, how it is driven, how much of the
 # held-out set it is scored on and when (scoring draws no random numbers: the weights are the
@@ -85,7 +94,9 @@ def differing_settings(
     ignore: Sequence[str] = NOT_DEFINING,
 ) -> List[str]:
     """'name saved -> wanted' for each setting in `wanted` (but `ignore`) that a saved run (the
-    config in its metrics.json or checkpoint) has otherwise. Settings it lacks are skipped."""
+    config in its metrics.json or checkpoint) has otherwise. Settings it lacks are skipped,
+    except those of LEGACY_SETTINGS, which it trained with."""
+    saved = {**LEGACY_SETTINGS, **saved} if saved else saved
     return [
         f"{name} {saved[name]!r} -> {value!r}"
         for name, value in wanted.items()

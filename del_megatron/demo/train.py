@@ -51,8 +51,26 @@ def _build_model(cfg: TrainConfig, vocab_size: int):
 def _loss_config(cfg: TrainConfig, vocab: dm.DigitVocab) -> dm.NumericalLossConfig:
     """The run's loss; `del_single` is DEL over the single-digit tokens of `vocab` only."""
     if cfg.loss == SINGLE_DIGIT_DEL:
-        return dm.NumericalLossConfig(loss="del", alpha=cfg.alpha, vocab=vocab.single_digits_only())
-    return dm.NumericalLossConfig(loss=cfg.loss, alpha=cfg.alpha, vocab=vocab)
+        loss, vocab = "del", vocab.single_digits_only()
+    else:
+        loss = cfg.loss
+    return dm.NumericalLossConfig(loss=loss, alpha=cfg.alpha, vocab=vocab, reduction=cfg.reduction)
+
+
+def _step_record(report: dict, loss_cfg: dm.NumericalLossConfig) -> dict:
+    """A step's history entry from the loss function's report: the CE, the digit accuracy, the
+    share of loss tokens that are digit targets and the weight on the mean digit term."""
+
+    def mean(name: str) -> float:
+        total, count = report[name]
+        return (total / count.clamp(min=1)).item()
+
+    return {
+        "ce": mean("ce loss"),
+        "digit_acc": mean("digit acc"),
+        "digit_share": mean("digit share"),
+        "term_weight": mean(f"{loss_cfg.loss} weight"),
+    }
 
 
 def _batch(dataset, step: int, micro_batch: int):
@@ -158,7 +176,8 @@ def train(cfg: TrainConfig) -> None:
     tok = TextTokenizer(tokenizer_path(cfg.data_dir))
     vocab = dm.DigitVocab.from_tokenizer(tok.inner)
     model = _build_model(cfg, tok.vocab_size)
-    dmm.register(_loss_config(cfg, vocab))
+    loss_cfg = _loss_config(cfg, vocab)
+    dmm.register(loss_cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     scheduler = _lr_scheduler(optimizer, cfg)
     dataset = build_train_dataset(
@@ -189,17 +208,8 @@ def train(cfg: TrainConfig) -> None:
         loss.backward()
         optimizer.step()
         scheduler.step(1)
-        ce = report["ce loss"]
-        acc = report["digit acc"]
-        history.append(
-            {
-                "step": step + 1,
-                "loss": loss.item(),
-                "ce": (ce[0] / ce[1]).item(),
-                "digit_acc": (acc[0] / acc[1].clamp(min=1)).item(),
-                "lr": optimizer.param_groups[0]["lr"],
-            }
-        )
+        history.append({"step": step + 1, "loss": loss.item(), **_step_record(report, loss_cfg)})
+        history[-1]["lr"] = optimizer.param_groups[0]["lr"]
         if bar is not None:
             bar.set_postfix(loss=f"{loss.item():.3f}", ce=f"{history[-1]['ce']:.3f}")
             bar.update(1)
