@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="del-megatron",
-    version="0.1.0",
+    version="0.2.0",
     description="Digit Entropy Loss (DEL) and its peer losses for Megatron-Core pretraining",
     long_description=(
         "The Digit Entropy Loss (DEL, arXiv 2605.20369) for Megatron-Core: a place-weighted term "

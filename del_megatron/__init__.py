@@ -17,7 +17,7 @@ from .loss import (
 from .numbers import place_weights
 from .vocab import DigitVocab
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DigitVocab",
