@@ -58,7 +58,9 @@ def del_step(device: str) -> list:
     logits = torch.randn(labels.shape[1], 1, 32, generator=generator) * 4
     reference = logits.double().requires_grad_()
     ce, term = reference_lm_loss(labels, reference, vocab, "del", cfg.alpha)
-    expected = ce + cfg.alpha * term
+    # the default digit reduction: the term's mean over the 6 digit targets of 8 tokens
+    digits = sum(int(t) in vocab.digit_ids for t in labels.flatten())
+    expected = ce + cfg.alpha * term * labels.numel() / digits
     (grad_expected,) = torch.autograd.grad(expected.sum(), reference)
     mine = logits.to(device).requires_grad_()
     loss = dm.numerical_lm_loss(labels.to(device), mine, cfg)

@@ -4,7 +4,7 @@ converted checkpoint of tests/hf_workers.py `prepare`:
 
 1. examples/bridge_pretrain_del.py's main() with FINETUNE_FLAGS: what
    `torchrun --nproc-per-node 2 examples/bridge_pretrain_del.py <FINETUNE_FLAGS>` runs (Bridge's
-   finetune() from the converted weights, tensor-parallel 2, token reduction, 3 iterations,
+   finetune() from the converted weights, tensor-parallel 2, the digit reduction, 3 iterations,
    saved at the end for the export). Bridge logs its iterations to stdout, which the test reads;
    these lines are the ones with "/ 3" iterations.
 2. pretrain() from random weights, configured by the example's --cpu flags, data-parallel 2,
@@ -63,7 +63,9 @@ def run(module, argv: list, **checkpoint) -> list:
     cfg = module.build_config(args)
     for name, value in checkpoint.items():
         setattr(cfg.checkpoint, name, value)
-    enable_numerical_loss(cfg, loss="del", alpha=args.alpha, reduction=args.reduction)
+    enable_numerical_loss(
+        cfg, loss="del", alpha=args.alpha, reduction=args.reduction, digit_share=args.digit_share
+    )
     rows: list = []
 
     class Record(Callback):

@@ -15,6 +15,7 @@ from typing import Any, Dict
 import torch
 
 from del_megatron.cpu.bridge import without_transformer_engine
+from tests.cases import TOKEN_FORM
 
 SEQ = 16
 ALPHA = 0.5
@@ -195,7 +196,9 @@ def check_bridge(out: str) -> None:
     bridge = AutoBridge.from_hf_config(tiny_hf_config())
     provider = tiny_provider(bridge)
     result["provider_class"] = f"{type(provider).__module__}.{type(provider).__qualname__}"
-    cfg = enable_numerical_loss(provider, tokenizer, loss="del", alpha=ALPHA, reduction="token")
+    cfg = enable_numerical_loss(
+        provider, tokenizer, loss="del", alpha=ALPHA, reduction="token", digit_share=1.0
+    )
     result["digit_ids"] = list(cfg.vocab.digit_ids)
     result["point_ids"] = list(cfg.vocab.decimal_point_ids)
     provider.finalize()
@@ -225,7 +228,13 @@ def check_bridge(out: str) -> None:
     from del_megatron.megatron.lm import unwrapped_model
 
     enable_numerical_loss(
-        provider, tokenizer, loss="del", alpha=ALPHA, reduction="token", logits_free=True
+        provider,
+        tokenizer,
+        loss="del",
+        alpha=ALPHA,
+        reduction="token",
+        digit_share=1.0,
+        logits_free=True,
     )
     output_layer = unwrapped_model(model).output_layer
     calls, layer_forward = [], output_layer.forward
@@ -241,7 +250,9 @@ def check_bridge(out: str) -> None:
         "logits_formed": len(calls),
         "config_field": getattr(unwrapped_model(model).config, "del_logits_free", None),
     }
-    enable_numerical_loss(provider, tokenizer, loss="del", alpha=ALPHA, reduction="token")
+    enable_numerical_loss(
+        provider, tokenizer, loss="del", alpha=ALPHA, reduction="token", digit_share=1.0
+    )
 
     # 2. digit reduction over a step of 2 micro-batches (step accounting made on the first
     #    forward step, from the model's process groups); Megatron normalises each micro-batch by
@@ -395,7 +406,7 @@ def model_config_path(state, tokenizer, vocab) -> Dict[str, Any]:
             model_config.numerical_loss = "del"
             model_config.del_digit_token_ids = list(vocab.digit_ids)
         else:
-            enable_numerical_loss(model_config, tokenizer, loss="del", alpha=ALPHA)
+            enable_numerical_loss(model_config, tokenizer, loss="del", alpha=ALPHA, **TOKEN_FORM)
         builder = model_config.get_builder_cls()(model_config)
         return builder.build_model(ProcessGroupCollection.use_mpu_process_groups())
 
@@ -504,7 +515,9 @@ def check_nemo(out: str) -> None:
 
     result: Dict[str, Any] = {}
     model = build_gpt(1)
-    cfg = NumericalLossConfig(loss="del", alpha=ALPHA, vocab=GPT_VOCAB, reduction="token")
+    cfg = NumericalLossConfig(
+        loss="del", alpha=ALPHA, vocab=GPT_VOCAB, reduction="token", digit_share=1.0
+    )
     for name, value in config_fields(cfg).items():
         setattr(model.config, name, value)
     register(None)

@@ -161,7 +161,7 @@ def test_recipe_example_dry_run_enables_the_loss(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("DEL: "))
     assert line == (
-        "DEL: dist2, alpha 0.01, token reduction, digit ids [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "
+        "DEL: dist2, alpha 0.01, digit reduction, digit ids [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "
         "decimal points [12]; provider megatron.bridge.models.gpt_provider.GPTModelProvider"
     )
 
@@ -260,11 +260,13 @@ def test_continued_pretraining_starts_from_the_imported_weights(continued):
 
 
 def test_finetune_logs_compose_as_in_megatron_lm(continued):
-    """Token reduction: lm loss = ce loss + alpha x del term x digit share, every iteration."""
+    """The default digit reduction: lm loss = ce loss + alpha x del term, and the logged weight
+    on the mean term is alpha, every iteration."""
     log = continued["log"]
     assert sorted(log) == [1, 2, 3]
     for row in log.values():
-        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"] * row["digit share"]
+        assert row["del weight"] == pytest.approx(TRAIN_ALPHA, rel=2e-6)
+        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"]
         assert row["lm loss"] == pytest.approx(composed, rel=2e-6)
         assert 0 < row["digit share"] < 1 and row["del term"] > 0
 
