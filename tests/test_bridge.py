@@ -365,13 +365,15 @@ def megatron_lm_route(prepared, tmp_path_factory):
 
 def test_megatron_lm_starts_from_the_converted_weights(megatron_lm_route, prepared):
     """pretrain_gpt.py with --pretrained-checkpoint (and an empty --load): the first step's
-    ce loss is the Hugging Face model's, and its logged DEL entries compose."""
+    ce loss is the Hugging Face model's, and its logged DEL entries compose (the default digit
+    reduction: the mean term weighs alpha)."""
     assert "--pretrained-checkpoint" in megatron_lm_route["start"]
     log = megatron_lm_route["log"]
     assert sorted(log) == [1, 2, 3]
     assert log[1]["ce loss"] == pytest.approx(prepared["made"]["hf_ce"], rel=2e-6)
     for row in log.values():
-        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"] * row["digit share"]
+        assert row["del weight"] == pytest.approx(TRAIN_ALPHA, rel=2e-6)
+        composed = row["ce loss"] + TRAIN_ALPHA * row["del term"]
         assert row["lm loss"] == pytest.approx(composed, rel=2e-6)
 
 
