@@ -145,7 +145,7 @@ def test_integration_trains_at_dp2_on_numbers_with_both_reductions(cpu_run, mega
         assert row["digit_share"] > 0.3 and row["digit_tokens_min"] > 0, row
         assert row["main_grad_norm"][0] > 0 and row["main_grad_norm"][1] > 0, row
     digit_log = (cpu_run[3] / "integration_digit_logits_free.log").read_text()
-    assert "del (alpha 0.1, digit reduction)" in digit_log
+    assert "del (alpha 0.1 on the mean term over digit targets, digit reduction)" in digit_log
     assert "logits-free loss; the output layer's gradients take the" in digit_log
 
 
