@@ -12,7 +12,10 @@ METRICS = [
     ("mean_abs_log10_error", "mean |log10 error|", "{:.4f}"),
 ]
 TRAIN_CE = ("train_ce", "train CE (mean between points)", "{:.4f}")
-COLORS = ["#555555", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+# One a loss: enough for every loss of `compare` at four DEL weights (a color left out drops its
+# loss from the plot).
+COLORS = ["#555555", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
+COLORS += ["#7f7f7f", "#bcbd22", "#17becf"]
 
 
 def final_train_ce(history: List[dict]) -> float:
