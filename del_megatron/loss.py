@@ -29,6 +29,7 @@ from .numbers import (
     select_positions,
 )
 from .sequence import check_balancing, doc_starts, gather_sequence
+from .slots import DEFAULT_SLOT_LOGITS, check_rule, length_conditioned
 from .vocab import NUM_DIGITS, DigitVocab
 from .weights import check_digit_share, check_weight
 
@@ -58,6 +59,9 @@ class NumericalLossConfig:
     ignore_index: label value of positions without a loss
     digit_share:  with reduction "token": the share of loss tokens that are digit targets
                   (in (0, 1]; counted in digits); None otherwise
+    slot_logits:  a chunking vocab's slot rule (docs/DEL.md): "length" (candidates of the
+                  label's number of digits, prefix-conditional) or "any" (every length); the
+                  same on a one-digit-a-token vocab
 
     These are what Megatron's flags and model-config fields carry. How the loss is computed
     (kernel, inplace, validate, chunk_tokens) is a keyword argument of numerical_lm_loss,
@@ -70,8 +74,10 @@ class NumericalLossConfig:
     reduction: str = "digit"
     ignore_index: int = -100
     digit_share: Optional[float] = None
+    slot_logits: str = DEFAULT_SLOT_LOGITS
 
     def __post_init__(self) -> None:
+        check_rule(self.slot_logits)
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.reduction not in REDUCTIONS:
@@ -245,6 +251,10 @@ def _compose_parts(
     layout = seq.local
     # [b, s, S, 10]: a chunking vocab's slot logits, else the ten digit logits as one slot
     digit_logits = digit_logits.view(b, s, slots, NUM_DIGITS)
+    if vocab.chunked and cfg.slot_logits == "length":
+        digit_logits = length_conditioned(
+            digit_logits.view(-1, slots, NUM_DIGITS), layout.digit.view(-1, slots)
+        ).view(b, s, slots, NUM_DIGITS)
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
     else:
@@ -279,7 +289,13 @@ def _kernel_parts(
     """A kernel's per-token CE and digit logits for `inputs` [s * b, ...] -> LossParts."""
     target = _flat_target(labels)
     ce, digit_logits = digit_cross_entropy(
-        inputs, target, _vocab(cfg), tp_group, ignore_index=cfg.ignore_index, **how
+        inputs,
+        target,
+        _vocab(cfg),
+        tp_group,
+        ignore_index=cfg.ignore_index,
+        slot_logits=cfg.slot_logits,
+        **how,
     )
     return _compose_parts(labels, ce, digit_logits, cfg, sequence)
 

@@ -87,27 +87,57 @@ def reference_place_weights(
 
 
 @lru_cache(maxsize=4096)
-def _candidates(vocab: DigitVocab, j: int, prefix: str) -> Tuple[Tuple[int, ...], ...]:
-    """For each digit k, the ids of the number tokens with at least j digits that begin with
-    prefix (j - 1 digits) followed by k."""
+def _candidates(
+    vocab: DigitVocab, j: int, prefix: str, length: int = 0
+) -> Tuple[Tuple[int, ...], ...]:
+    """For each digit k, the ids of the number tokens with at least j digits (exactly `length`
+    digits when length > 0) that begin with prefix (j - 1 digits) followed by k."""
     return tuple(
         tuple(
             i
             for i, text in vocab.number_tokens()
-            if len(text) >= j and text[: j - 1] == prefix and text[j - 1] == str(k)
+            if (len(text) == length if length else len(text) >= j)
+            and text[: j - 1] == prefix
+            and text[j - 1] == str(k)
         )
         for k in range(NUM_DIGITS)
     )
 
 
-def slot_logits(logits: torch.Tensor, vocab: DigitVocab, label_text: str) -> List[torch.Tensor]:
+def _logsumexp(logits: torch.Tensor, ids) -> torch.Tensor:
+    return torch.logsumexp(logits[list(ids)], dim=0)
+
+
+def slot_logits(
+    logits: torch.Tensor, vocab: DigitVocab, label_text: str, rule: str = "any"
+) -> List[torch.Tensor]:
     """z^(j) [10] for each digit j of the number token label_text, from one position's logits
-    [V] (docs/DEL.md): z^(j)_k = logsumexp of the logits of every number token with at least j
-    digits that begins with label_text's first j - 1 digits followed by k."""
+    [V] (docs/DEL.md). rule "any": z^(j)_k = logsumexp of the logits of every number token with
+    at least j digits that begins with label_text's first j - 1 digits followed by k. rule
+    "length", with L = len(label_text) and s its digits:
+
+        z^(j)_k = LSE{|t| = L, t_<j = s_<j, t_j = k} - LSE{|t| = L, t_<j = s_<j} + LSE{|t| = L}
+    """
+    if rule == "any":
+        out = []
+        for j in range(1, len(label_text) + 1):
+            groups = _candidates(vocab, j, label_text[: j - 1])
+            out.append(torch.stack([_logsumexp(logits, ids) for ids in groups]))
+        return out
+    if rule != "length":
+        raise ValueError(f"rule must be 'any' or 'length', got {rule!r}")
+    length = len(label_text)
+    same_length = [i for i, text in vocab.number_tokens() if len(text) == length]
+    level = _logsumexp(logits, same_length)
     out = []
-    for j in range(1, len(label_text) + 1):
-        groups = _candidates(vocab, j, label_text[: j - 1])
-        out.append(torch.stack([torch.logsumexp(logits[list(ids)], dim=0) for ids in groups]))
+    for j in range(1, length + 1):
+        prefix = label_text[: j - 1]
+        groups = _candidates(vocab, j, prefix, length)
+        given = [i for ids in groups for i in ids]  # |t| = L and t_<j = s_<j
+        z = torch.stack([_logsumexp(logits, ids) for ids in groups])
+        if j > 1:  # at j = 1 the two sets are the same: the offsets cancel
+            z = z - _logsumexp(logits, given) + level
+        out.append(z)
     return out
 
 
@@ -152,12 +182,14 @@ def reference_lm_loss(
     alpha: float = 0.01,
     ignore_index: int = -100,
     join_across_ignored: bool = False,
+    slot_rule: str = "any",
 ):
     """(ce, term) float64 [b, s] from labels [b, s] and whole-vocab logits [s, b, V].
 
     Differentiable with respect to full_logits. Total per-token loss = ce + alpha * term. A
     position's term is the sum over its label's digits of place weight x the loss's per-digit
-    term on that digit's slot logits (one digit a token: the ten digit logits themselves).
+    term on that digit's slot logits (one digit a token: the ten digit logits themselves),
+    formed by slot_rule ("any" or "length", slot_logits).
     """
     logits = full_logits.to(torch.float64).transpose(0, 1)  # [b, s, V]
     b, s, _ = logits.shape
@@ -179,7 +211,7 @@ def reference_lm_loss(
                 continue
             text = texts[label]
             term = zero
-            for slot, z in enumerate(slot_logits(logits[i, j], vocab, text)):
+            for slot, z in enumerate(slot_logits(logits[i, j], vocab, text, slot_rule)):
                 w = weights[i, j, slot] if loss in ("del", "dist2") else 1.0
                 term = term + w * TOKEN_TERMS[loss](z, int(text[slot]))
             term_row.append(term)

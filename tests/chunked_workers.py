@@ -1,6 +1,7 @@
 """Bodies of the chunking-vocabulary tests on gloo groups (tests/test_chunked_digits.py): every
 loss, kernel and dtype, materialised and logits-free (both weight-gradient routes), against the
-fp64 oracle of docs/DEL.md at any tensor-parallel size. Each check takes (seed, kernel)."""
+fp64 oracle of docs/DEL.md at any tensor-parallel size, under both slot rules ("length" and
+"any"). Each check takes (seed, kernel)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 import del_megatron as dm
 from del_megatron.loss import LOSSES
 from del_megatron.reference import reference_lm_loss
+from del_megatron.slots import RULES
 
 from .cases import TOKEN_FORM, token_share
 
@@ -45,10 +47,12 @@ def inputs(seed: int, seq: int = 13, batch: int = 2):
     return labels_for(batch, seq, seed), logits, upstream
 
 
-def reference(labels, logits, loss, upstream):
+def reference(labels, logits, loss, upstream, rule="any"):
     """Oracle per-token loss [b, s] and its gradient with respect to the whole-vocab logits."""
     leaf = logits.detach().to(torch.float64).requires_grad_(True)
-    ce, term = reference_lm_loss(labels, leaf, VOCAB, loss=loss, alpha=ALPHA, ignore_index=IGNORE)
+    ce, term = reference_lm_loss(
+        labels, leaf, VOCAB, loss=loss, alpha=ALPHA, ignore_index=IGNORE, slot_rule=rule
+    )
     total = ce + ALPHA * term
     (grad,) = torch.autograd.grad((total * upstream).sum(), leaf)
     return ce.detach(), term.detach(), total.detach(), grad
@@ -62,7 +66,7 @@ def _shard(full: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return full.chunk(dist.get_world_size(), dim=dim)[dist.get_rank()]
 
 
-def _config(loss: str, reduction: str = "token") -> dm.NumericalLossConfig:
+def _config(loss: str, reduction: str = "token", rule: str = "any") -> dm.NumericalLossConfig:
     return dm.NumericalLossConfig(
         loss=loss,
         alpha=ALPHA,
@@ -70,6 +74,7 @@ def _config(loss: str, reduction: str = "token") -> dm.NumericalLossConfig:
         reduction=reduction,
         digit_share=token_share(reduction),
         ignore_index=IGNORE,
+        slot_logits=rule,
     )
 
 
@@ -79,19 +84,23 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def check_materialised(seed: int, kernel: str) -> dict:
-    """Every loss, fp32 and bf16 logits: values and gradients of this rank's shard equal the
-    oracle's (bf16: of the rounded logits, the gradient to bf16 rounding). Returns the largest
-    relative errors seen."""
+    """Every loss and slot rule, fp32 and bf16 logits: values and gradients of this rank's shard
+    equal the oracle's (bf16: of the rounded logits, the gradient to bf16 rounding). Returns the
+    largest relative errors seen, by dtype, rule and quantity."""
     labels, logits, upstream = inputs(seed)
     worst = {}
     for dtype, value_tol, grad_tol in ((torch.float32, 2e-6, 1e-5), (torch.bfloat16, 2e-6, 8e-3)):
         rounded = logits.to(dtype)
-        for loss in LOSSES:
-            ref_ce, ref_term, ref_total, ref_grad = reference(labels, rounded, loss, upstream)
+        for loss, rule in [(loss, rule) for loss in LOSSES for rule in RULES]:
+            if loss == "ce" and rule != RULES[0]:
+                continue  # no slot logits in its loss
+            ref = reference(labels, rounded, loss, upstream, rule)
+            ref_ce, ref_term, ref_total, ref_grad = ref
             shard = _shard(rounded).detach().clone().requires_grad_(True)
             how = dict(tp_group=_group(), kernel=kernel)
-            parts = dm.loss_parts(labels, shard, _config(loss), **how)
-            total = dm.numerical_lm_loss(labels, shard, _config(loss), **how)
+            cfg = _config(loss, rule=rule)
+            parts = dm.loss_parts(labels, shard, cfg, **how)
+            total = dm.numerical_lm_loss(labels, shard, cfg, **how)
             (total * upstream.to(total.dtype)).sum().backward()
             errors = {
                 "ce": _relative(parts.ce, ref_ce),
@@ -101,8 +110,8 @@ def check_materialised(seed: int, kernel: str) -> dict:
             }
             for what, error in errors.items():
                 tol = grad_tol if what == "grad" else value_tol
-                assert error <= tol, (loss, dtype, what, error)
-                key = f"{dtype}".removeprefix("torch.") + " " + what
+                assert error <= tol, (loss, rule, dtype, what, error)
+                key = f"{dtype}".removeprefix("torch.") + f" {rule} {what}"
                 worst[key] = max(worst.get(key, 0.0), error)
             assert parts.digit_logits.shape == (*labels.shape, 3, 10)
     return worst
@@ -144,7 +153,8 @@ def check_collectives_carry_slot_sums(seed: int, kernel: str) -> None:
     dist.all_reduce = recording
     try:
         for cfg, maxima, sums in (
-            (_config("del"), n * 21 + 2, (n, 32)),
+            (_config("del", rule="any"), n * 21 + 2, (n, 32)),
+            (_config("del", rule="length"), n * 21 + 2, (n, 32)),
             (one_digit, n + 2, (n, 12)),
         ):
             sent.clear()
@@ -170,11 +180,13 @@ def check_logits_free(seed: int, route: str) -> dict:
     worst = {}
     for dtype, value_tol, grad_tol in ((torch.float32, 2e-6, 2e-5), (torch.bfloat16, 1e-5, 3e-2)):
         h, w = hidden.to(dtype), weight.to(dtype)
-        for loss in ("del", "ntl_was", "dist2"):
+        for loss, rule in (("del", "length"), ("del", "any"), ("ntl_was", "length")):
             # The oracle on the logits as the output layer forms them (in the input dtype),
             # its gradients taken to hidden and weight in fp64.
             leaf = torch.matmul(h, w.t()).double().requires_grad_(True)
-            ce, term = reference_lm_loss(labels, leaf, VOCAB, loss=loss, ignore_index=IGNORE)
+            ce, term = reference_lm_loss(
+                labels, leaf, VOCAB, loss=loss, ignore_index=IGNORE, slot_rule=rule
+            )
             ref_total = ce + ALPHA * term
             (grad,) = torch.autograd.grad((ref_total * upstream).sum(), leaf)
             ref_gh = torch.matmul(grad, w.double())
@@ -186,7 +198,7 @@ def check_logits_free(seed: int, route: str) -> dict:
                     ours_h,
                     ours_w,
                     labels,
-                    _config(loss),
+                    _config(loss, rule=rule),
                     tp_group=_group(),
                     loss_mask=loss_mask,
                     weight_gradient=route,
@@ -202,8 +214,8 @@ def check_logits_free(seed: int, route: str) -> dict:
                 }
                 for what, error in errors.items():
                     tol = value_tol if what == "total" else grad_tol
-                    assert error <= tol, (loss, dtype, loss_mask is None, what, error)
-                    key = f"{dtype}".removeprefix("torch.") + " " + what
+                    assert error <= tol, (loss, rule, dtype, loss_mask is None, what, error)
+                    key = f"{dtype}".removeprefix("torch.") + f" {rule} {what}"
                     worst[key] = max(worst.get(key, 0.0), error)
     return worst
 
@@ -248,12 +260,12 @@ def check_cp_and_packing(seed: int, kernel: str) -> None:
     gen = torch.Generator().manual_seed(seed)
     full = 3 * torch.randn(total, 1, VOCAB_SIZE, generator=gen, dtype=torch.float64)
     upstream = torch.rand(1, total, generator=gen, dtype=torch.float64) + 0.5
-    for loss in ("del", "dist2"):
+    for loss, rule in (("del", "length"), ("del", "any"), ("dist2", "length")):
         ref_total, ref_grad, start = [], [], 0
         for doc in docs:
             end = start + doc.size(1)
             _, _, total_doc, grad_doc = reference(
-                doc, full[start:end], loss, upstream[:, start:end]
+                doc, full[start:end], loss, upstream[:, start:end], rule
             )
             ref_total.append(total_doc)
             ref_grad.append(grad_doc)
@@ -263,11 +275,11 @@ def check_cp_and_packing(seed: int, kernel: str) -> None:
         ours = dm.numerical_lm_loss(
             packed[:, positions],
             logits,
-            _config(loss),
+            _config(loss, rule=rule),
             kernel=kernel,
             cp_group=dist.group.WORLD,
             cu_seqlens=cu_seqlens,
         )
         (ours * upstream[:, positions].float()).sum().backward()
-        assert _relative(ours, ref_total[:, positions]) < 2e-6, loss
-        assert _relative(logits.grad, ref_grad[positions]) < 1e-5, loss
+        assert _relative(ours, ref_total[:, positions]) < 2e-6, (loss, rule)
+        assert _relative(logits.grad, ref_grad[positions]) < 1e-5, (loss, rule)

@@ -274,3 +274,90 @@ def test_check_reports_the_real_llama3_file_as_chunking():
 @pytest.mark.parametrize("kernel", ["recompute", "softmax"])
 def test_context_parallel_and_packed_documents(gloo, kernel):
     gloo(2).run(chunked_workers.check_cp_and_packing, 9, kernel)
+
+
+# The "length" rule (docs/DEL.md): candidates of the label's own number of digits only,
+# prefix-conditional, lifted to one level.
+def _whole_number_12_length(logit_of_12: float) -> float:
+    labels = torch.tensor([[ID_OF["12"]]])
+    logits = torch.zeros(1, 1, VOCAB_SIZE, dtype=torch.float64)
+    logits[0, 0, ID_OF["12"]] = logit_of_12
+    _, term = reference_lm_loss(labels, logits, CHUNKED, slot_rule="length")
+    return float(term)
+
+
+def test_length_rule_oracle_gives_the_worked_values():
+    logits = torch.zeros(VOCAB_SIZE, dtype=torch.float64)
+    z1, z2 = slot_logits(logits, CHUNKED, "12", "length")
+    torch.testing.assert_close(z1, torch.full((10,), math.log(10), dtype=torch.float64))
+    torch.testing.assert_close(z2, torch.full((10,), math.log(10), dtype=torch.float64))
+    assert float(reference_del_token(z1, 1)) == pytest.approx(0.2167637, abs=5e-8)
+    assert _whole_number_12_length(0.0) == pytest.approx(1.3005821, abs=5e-8)
+    logits[ID_OF["12"]] = 3.0
+    z1, z2 = slot_logits(logits, CHUNKED, "12", "length")
+    assert float(z1[1]) == pytest.approx(math.log(9 + math.exp(3)), abs=1e-12)
+    assert float(z2[2]) == pytest.approx(4.409601, abs=5e-7)
+    assert float(z2[0]) == pytest.approx(1.409601, abs=5e-7)
+    assert float(reference_del_token(z1, 1)) == pytest.approx(0.1820488, abs=5e-8)
+    assert float(reference_del_token(z2, 2)) == pytest.approx(0.0512141, abs=5e-8)
+    assert _whole_number_12_length(3.0) == pytest.approx(0.8306234, abs=5e-8)
+
+
+def test_length_rule_worked_values_through_the_package():
+    labels = torch.tensor([[ID_OF["12"]]])
+    for hot, expected in ((0.0, 1.3005821), (3.0, 0.8306234)):
+        logits = torch.zeros(1, 1, VOCAB_SIZE)
+        logits[0, 0, ID_OF["12"]] = hot
+        cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED, slot_logits="length")
+        assert float(dm.loss_parts(labels, logits, cfg).term) == pytest.approx(expected, abs=5e-7)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "recompute"])
+def test_length_rule_on_one_digit_labels_is_del_on_the_digit_tokens_bit_for_bit(kernel):
+    labels = torch.tensor([chunks("7 3.5 0 9|4 1_2")])
+    logits = torch.randn(labels.size(1), 1, VOCAB_SIZE, generator=torch.Generator().manual_seed(4))
+    chunked = dm.NumericalLossConfig(loss="del", vocab=CHUNKED, slot_logits="length")
+    single = dm.NumericalLossConfig(loss="del", vocab=CHUNKED.single_digits_only())
+    ours = dm.loss_parts(labels, logits, chunked, kernel=kernel)
+    one_digit = dm.loss_parts(labels, logits, single, kernel=kernel)
+    digits = one_digit.is_digit
+    assert torch.equal(ours.digit_logits[..., 0, :][digits], one_digit.digit_logits[digits])
+    assert torch.equal(ours.term, one_digit.term) and bool(ours.term.gt(0).any())
+
+
+@pytest.mark.parametrize("rule", ["length", "any"])
+def test_length_rule_sends_no_gradient_to_wrong_length_tokens(rule):
+    # label '123': under "length" the term moves only the three-digit tokens' logits; under
+    # "any" it pushes up the prefix '12' (the review's table: -10.4e-3 at logits 0)
+    labels = torch.tensor([[ID_OF["123"]]])
+    logits = torch.zeros(1, 1, VOCAB_SIZE, requires_grad=True)
+    cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED, slot_logits=rule)
+    dm.loss_parts(labels, logits, cfg).term.sum().backward()
+    grad = logits.grad[0, 0]
+    lengths = torch.zeros(VOCAB_SIZE, dtype=torch.long)
+    for i, text in CHUNKED.number_tokens():
+        lengths[i] = len(text)
+    if rule == "length":
+        assert bool(grad[lengths != 3].eq(0).all()) and bool(grad[lengths == 3].ne(0).any())
+        assert float(grad[ID_OF["123"]]) < 0
+    else:
+        assert float(grad[ID_OF["12"]]) == pytest.approx(-10.4e-3, abs=5e-5)
+
+
+def test_compare_scores_length_accuracy_and_digit_entropy_by_hand():
+    from del_megatron.demo.evaluate import length_and_entropy
+
+    # '12' whose likeliest number token is '123' (a length miss), then '7' whose likeliest is
+    # '5' (a hit), then an unscored position
+    labels = torch.tensor([[ID_OF["12"], ID_OF["7"], IGNORE]])
+    logits = torch.zeros(1, 3, VOCAB_SIZE)
+    logits[0, 0, ID_OF["123"]] = 2.0
+    logits[0, 1, ID_OF["5"]] = 3.0
+    hits, numbers, entropy, digits = length_and_entropy(logits, labels, CHUNKED)
+    assert (hits.tolist(), numbers.tolist(), digits.tolist()) == ([1], [2], [3])
+    # '12': both "length" slots are uniform over the two-digit tokens (ln 10 each); '7': the
+    # ten digit logits with '5' at 3
+    p = math.exp(3) / (9 + math.exp(3))
+    q = 1 / (9 + math.exp(3))
+    expected = 2 * math.log(10) - p * math.log(p) - 9 * q * math.log(q)
+    assert float(entropy[0]) == pytest.approx(expected, abs=1e-6)

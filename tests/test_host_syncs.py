@@ -219,12 +219,14 @@ def test_hook_step_glue(gloo, tmp_path_factory, reduction, logits_free):
 @pytest.mark.parametrize("kernel", ["softmax", "recompute", "compiled", "linear"])
 def test_chunking_vocab_on_fake_tensors(kernel):
     """A chunking vocab's slot logits (1,110 number tokens): forward + backward of DEL (both
-    reductions) and DIST2 (the other heads take the same slot logits), bf16, materialised and
-    logits-free (loss mask given), on fake tensors, with no sync."""
+    reductions, both slot rules) and DIST2 (the other heads take the same slot logits), bf16,
+    materialised and logits-free (loss mask given), on fake tensors, with no sync."""
     from .chunked_workers import VOCAB, VOCAB_SIZE, labels_for
 
     mode = FakeTensorMode()
-    for loss, reduction in (("del", "token"), ("del", "digit"), ("dist2", "token")):
+    cases = [("del", "token", "any"), ("del", "digit", "any"), ("dist2", "token", "any")]
+    cases += [("del", "digit", "length"), ("dist2", "token", "length")]
+    for loss, reduction, rule in cases:
         gen = torch.Generator().manual_seed(1)
         labels = labels_for(2, 12, seed=1)
         logits = torch.randn(12, 2, VOCAB_SIZE, generator=gen).to(torch.bfloat16)
@@ -239,6 +241,7 @@ def test_chunking_vocab_on_fake_tensors(kernel):
             reduction=reduction,
             digit_share=token_share(reduction),
             ignore_index=IGNORE,
+            slot_logits=rule,
         )
         with mode, HostSyncs() as syncs:
             if kernel == "linear":
@@ -249,7 +252,7 @@ def test_chunking_vocab_on_fake_tensors(kernel):
                 out = dm.numerical_lm_loss(labels, logits, cfg, kernel=kernel)
             (out * mask).sum().backward()
         assert all(leaf.grad is not None for leaf in leaves)
-        assert not syncs.events, f"{kernel} {loss} {reduction}:\n{syncs.report()}"
+        assert not syncs.events, f"{kernel} {loss} {reduction} {rule}:\n{syncs.report()}"
 
 
 def test_index_tensors_hold_their_values_and_copy_nothing_from_the_host():

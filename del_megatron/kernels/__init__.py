@@ -114,6 +114,7 @@ def digit_cross_entropy(
     chunk_tokens: Optional[int] = None,
     ce_weights: Optional[torch.Tensor] = None,
     weight_gradient: str = "auto",
+    slot_logits: str = "any",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] and the number tokens' output [N, W] for targets [N] (int64): the ten
     digit logits (W = 10), or for a chunking vocab the slot logits of each label's digits
@@ -132,7 +133,9 @@ def digit_cross_entropy(
     kernel only): the weights the caller reduces ce by, up to a scalar; forward then forms the
     gradients and backward scales them, on the "forward" weight-gradient route
     (LinearDigitCrossEntropy). weight_gradient (linear kernel only): "forward", "backward" or
-    "auto", where the gradients are formed (kernels/linear.py).
+    "auto", where the gradients are formed (kernels/linear.py). slot_logits (a chunking vocab):
+    "any" or "length", which tokens a slot's groups take (slots.py); "length" returns its groups'
+    logits, before slots.length_conditioned's per-row offsets.
     """
     n = inputs[0].size(0)
     if len(inputs) == 2:
@@ -150,7 +153,10 @@ def digit_cross_entropy(
     shard = VocabShard.of(local_vocab, tp_group)
     chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, n, inplace)
     vocab.check_vocab_size(shard.full_size)
-    digits = (SlotColumns if vocab.chunked else DigitColumns).of(vocab, shard)
+    if vocab.chunked:
+        digits = SlotColumns.of(vocab, shard, slot_logits)
+    else:
+        digits = DigitColumns.of(vocab, shard)
     plan = KernelPlan(
         shard, digits, ignore_index, validate, inplace, chunk_tokens, ce_weights, route
     )

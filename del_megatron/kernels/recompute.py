@@ -295,7 +295,7 @@ def gradient_into(
     """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
     upstream gradients of ce [n] and of the number columns' output [n, W] (None: zero). Written
     into `grad` (which may be `logits` itself); grad None: a new buffer. Returns it. prefix and
-    out: a chunking vocab's label prefixes [n, 3] and the slot logits [n, W] forward gave;
+    out: a chunking vocab's label prefixes [n, 4] and the slot logits [n, W] forward gave;
     number_values: its layout values [n, 1110] as forward read them (else read from `logits`).
 
     forward_values (target probability exp(-ce) [n], plan.digits.forward_values of forward),

@@ -33,22 +33,24 @@ class SlotColumns:
     """The number tokens of a chunking vocab that fall in this shard (or a tile of it).
 
     vocab: the DigitVocab (its token codes give each label's first two digits). layout: the
-    local column of every layout position (slots.layout_places order), ABSENT where another
-    shard holds it. `positions` / `columns`: the held positions and their local columns, as
-    Python tuples (index tensors are made once per device)."""
+    local column of every layout position (slots.LAYOUT order), ABSENT where another shard
+    holds it. `positions` / `columns`: the held positions and their local columns, as Python
+    tuples (index tensors are made once per device). rule: which tokens a slot's groups take
+    (slots.RULES; "length" returns its groups' logits, which length_conditioned finishes)."""
 
     vocab: DigitVocab
     layout: Tuple[int, ...]
     positions: Tuple[int, ...]
     columns: Tuple[int, ...]
+    rule: str = "any"
 
     width = slots.SUMS
     out_width = slots.SUMS
     maxima_width = slots.MAXIMA
 
     @classmethod
-    def of(cls, vocab: DigitVocab, shard: VocabShard) -> SlotColumns:
-        return _slot_columns(vocab, shard.start, shard.end)
+    def of(cls, vocab: DigitVocab, shard: VocabShard, rule: str = "any") -> SlotColumns:
+        return _slot_columns(vocab, shard.start, shard.end, slots.check_rule(rule))
 
     @property
     def holds_all(self) -> bool:
@@ -70,7 +72,7 @@ class SlotColumns:
         )
 
     def prefix(self, target: torch.Tensor) -> torch.Tensor:
-        """int64 [N, 3]: each label's first two digits and layout position
+        """int64 [N, 4]: each label's first two digits, layout position and digits
         (slots.label_prefix)."""
         return slots.label_prefix(target, self.vocab.token_codes(target.device))
 
@@ -83,7 +85,7 @@ class SlotColumns:
 
     def local_maxima(self, values: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """[N, 20] this shard's slot-group maxima, for the MAX all-reduce."""
-        return slots.local_maxima(values, prefix)
+        return slots.local_maxima(values, prefix, self.rule)
 
     def write_partials_(
         self,
@@ -94,7 +96,7 @@ class SlotColumns:
     ) -> None:
         """packed [N, 30] (zeros) gets this shard's partial sums; maxima [N, 20] global."""
         held = None if self.holds_all else self._tensors(values.device)[2]
-        packed.copy_(slots.partial_sums(values, prefix, maxima, held))
+        packed.copy_(slots.partial_sums(values, prefix, maxima, held, self.rule))
 
     def finish(self, summed: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
         """[N, 30] slot logits from the reduced sums [N, 30] and maxima [N, 20]."""
@@ -122,7 +124,8 @@ class SlotColumns:
         """[N, k] the whole gradient at the held columns, in values' dtype: the softmax's
         (p - onehot) * scale plus what grad_out [N, 30] of the slot logits out [N, 30] gives.
         held_only=False: over the whole layout [N, 1110] (pick() takes the held ones)."""
-        grad = slots.gradient(values, prefix, out, grad_out, (scale, shift, log_sum_exp))
+        softmax = (scale, shift, log_sum_exp)
+        grad = slots.gradient(values, prefix, out, grad_out, softmax, self.rule)
         # -scale at the target's column, where this shard (tile) holds the target
         position = prefix[:, 2]
         hit = (position >= 0) & (onehot_column >= 0)
@@ -145,7 +148,7 @@ class SlotColumns:
     ) -> torch.Tensor:
         """[N, k] the gradient that grad_out [N, 30] of the slot logits out [N, 30] gives the
         held columns (values: forward's layout values [N, 1110])."""
-        return self.pick(slots.gradient(values, prefix, out, grad_out))
+        return self.pick(slots.gradient(values, prefix, out, grad_out, rule=self.rule))
 
     def column_index(self, device: torch.device) -> torch.Tensor:
         """int64 [k] the held columns on `device`."""
@@ -181,17 +184,18 @@ def _layout_ids(vocab: DigitVocab) -> Tuple[int, ...]:
 
 
 @lru_cache(maxsize=256)
-def _slot_columns(vocab: DigitVocab, start: int, end: int) -> SlotColumns:
+def _slot_columns(vocab: DigitVocab, start: int, end: int, rule: str) -> SlotColumns:
     layout = tuple(i - start if start <= i < end else ABSENT for i in _layout_ids(vocab))
-    return _from_layout(vocab, layout)
+    return _from_layout(vocab, layout, rule)
 
 
 @lru_cache(maxsize=1024)
 def _within(columns: SlotColumns, start: int, end: int) -> SlotColumns:
     layout = tuple(c - start if start <= c < end else ABSENT for c in columns.layout)
-    return _from_layout(columns.vocab, layout)
+    return _from_layout(columns.vocab, layout, columns.rule)
 
 
-def _from_layout(vocab: DigitVocab, layout: Tuple[int, ...]) -> SlotColumns:
+def _from_layout(vocab: DigitVocab, layout: Tuple[int, ...], rule: str) -> SlotColumns:
     held = [(p, c) for p, c in enumerate(layout) if c != ABSENT]
-    return SlotColumns(vocab, layout, tuple(p for p, _ in held), tuple(c for _, c in held))
+    positions, columns = tuple(p for p, _ in held), tuple(c for _, c in held)
+    return SlotColumns(vocab, layout, positions, columns, rule)

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from ..kernels.linear import WEIGHT_GRADIENTS
 from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
+from ..slots import DEFAULT_SLOT_LOGITS, RULES
 from ..vocab import DigitVocab
 from ..weights import check_digit_share, check_weight
 from .hook import config_fields
@@ -83,6 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "single-digit tokens only",
     )
     group.add_argument(
+        "--del-slot-logits",
+        choices=RULES,
+        default=DEFAULT_SLOT_LOGITS,
+        help="with a chunking tokenizer: which tokens each digit's slot logits take, 'length' "
+        "(the label's number of digits, prefix-conditional) or 'any' (every length); see "
+        f"docs/DEL.md (default {DEFAULT_SLOT_LOGITS}; no effect with one digit a token)",
+    )
+    group.add_argument(
         "--del-single-digits-only",
         action="store_true",
         help="with a chunking tokenizer (Llama-3, o200k, DeepSeek-V3), give the term to the "
@@ -138,6 +147,7 @@ def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
         vocab=vocab,
         reduction=args.del_reduction,
         digit_share=getattr(args, "del_digit_share", None),
+        slot_logits=getattr(args, "del_slot_logits", DEFAULT_SLOT_LOGITS),
     )
 
 

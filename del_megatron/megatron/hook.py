@@ -24,6 +24,7 @@ import torch.distributed as dist
 from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
 from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
 from ..sequence import check_balancing
+from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
 from . import logits_free as lf
 from . import resume, state, support, telemetry
@@ -48,6 +49,7 @@ FIELD_DIGITS = "del_digit_token_ids"
 FIELD_POINTS = "del_decimal_point_token_ids"
 FIELD_MULTI_DIGITS = "del_multi_digit_token_ids"
 FIELD_SHARE = "del_digit_share"
+FIELD_SLOT_LOGITS = "del_slot_logits"
 
 
 def _language_module():
@@ -64,6 +66,7 @@ def config_fields(cfg: NumericalLossConfig) -> dict:
         FIELD_ALPHA: cfg.alpha,
         FIELD_REDUCTION: cfg.reduction,
         FIELD_SHARE: cfg.digit_share,
+        FIELD_SLOT_LOGITS: cfg.slot_logits,
         FIELD_DIGITS: list(vocab.digit_ids) if vocab else None,
         FIELD_POINTS: list(vocab.decimal_point_ids) if vocab else None,
         FIELD_MULTI_DIGITS: list(vocab.multi_digit_ids) if vocab and vocab.chunked else None,
@@ -89,6 +92,7 @@ def cfg_from_model_config(config) -> Optional[NumericalLossConfig]:
         vocab=vocab,
         reduction=getattr(config, FIELD_REDUCTION, None) or "digit",
         digit_share=getattr(config, FIELD_SHARE, None),
+        slot_logits=getattr(config, FIELD_SLOT_LOGITS, None) or DEFAULT_SLOT_LOGITS,
     )
 
 
