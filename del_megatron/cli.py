@@ -18,10 +18,19 @@ import warnings
 from dataclasses import fields
 from typing import Callable, List, Optional, Sequence
 
-from .demo.config import CHUNKED, NON_NEGATIVE, NOT_FLAGS, POSITIVE, SINGLE_DIGIT_DEL, TrainConfig
+from .demo.config import (
+    CHUNKED,
+    DEFAULT_SLOT_LOGITS,
+    NON_NEGATIVE,
+    NOT_FLAGS,
+    POSITIVE,
+    SINGLE_DIGIT_DEL,
+    TrainConfig,
+)
 from .loss import LOSSES
 from .ports import free_port
 from .quick_exit import skip_final_collections
+from .slots import RULES
 
 # What the demo trains: every loss, and DEL on single-digit tokens only (for chunking tokenizers).
 DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
@@ -164,7 +173,7 @@ def _demo(args) -> int:
     for loss in args.losses:
         out_dir = os.path.join(args.out, loss)
         train_args = ["train", "--data-dir", data_dir, "--out-dir", out_dir, "--loss", loss]
-        train_args += _train_flags(args)
+        train_args += ["--slot-logits", args.slot_logits, *_train_flags(args)]
         if args.resume:
             train_args.append("--resume")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -197,6 +206,7 @@ def _compare(args) -> int:
     def train(arm, seed: int, out_dir: str) -> int:
         train_args = ["train", "--data-dir", data_dir, "--out-dir", out_dir, "--loss", arm.loss]
         train_args += ["--alpha", str(arm.weight), "--seed", str(seed), "--resume"]
+        train_args += ["--slot-logits", arm.rule]
         train_args += _train_flags(args, skip=COMPARE_SETS)
         return subprocess.call(_torchrun(args.nproc, train_args), env=env)
 
@@ -244,6 +254,16 @@ def _check_model_shape(parser: argparse.ArgumentParser, args, tp: Optional[int])
         parser.error(f"--heads {args.heads} must be a multiple of --nproc {tp} (the TP size)")
     if args.min_lr > args.lr:
         parser.error(f"--min-lr {args.min_lr} must not exceed --lr {args.lr}")
+
+
+def _slot_logits_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--slot-logits",
+        choices=RULES,
+        default=DEFAULT_SLOT_LOGITS,
+        help="a chunking tokenizer's slot rule (docs/DEL.md; no effect with one digit a token; "
+        f"default {DEFAULT_SLOT_LOGITS})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -369,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc", type=positive, default=2, help="processes = tensor-parallel size (default 2)"
     )
     demo.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _slot_logits_arg(demo)
     data_args(demo)
     _add_train_args(demo)
     demo.set_defaults(func=_demo)
@@ -392,8 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         type=_arm,
         default=[_arm(name) for name in LOSSES],
-        metavar="LOSS[@WEIGHT]",
-        help=f"losses ({', '.join(DEMO_LOSSES)}), each at its paper weight or @WEIGHT "
+        metavar="LOSS[:RULE][@WEIGHT]",
+        help=f"losses ({', '.join(DEMO_LOSSES)}), each at its paper weight or @WEIGHT, with "
+        f"a chunking tokenizer's slot rule :{'/:'.join(RULES)} or the default "
         f"(default all but {SINGLE_DIGIT_DEL}, which is del on a one-digit tokenizer)",
     )
     compare.add_argument(
@@ -423,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out-dir", required=True, help="where metrics.json and checkpoints go")
     train.add_argument("--loss", default="del", choices=DEMO_LOSSES, help="the loss (default del)")
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _slot_logits_arg(train)
     train.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar"
     )

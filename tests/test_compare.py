@@ -60,6 +60,8 @@ def test_standard_errors_by_hand():
         ("ntl_was", Arm("ntl_was", 0.3), "ntl_was"),
         ("del@0.01", Arm("del", 0.01), "del@0.01"),
         ("dist2@0.1", Arm("dist2", 0.1), "dist2"),
+        ("del:length", Arm("del", 0.1, "length"), "del:length"),
+        ("del:any@0.03", Arm("del", 0.03, "any"), "del:any@0.03"),
     ],
 )
 def test_arms_take_their_paper_weight_unless_given(text, arm, name):
@@ -68,7 +70,15 @@ def test_arms_take_their_paper_weight_unless_given(text, arm, name):
 
 @pytest.mark.parametrize(
     "text, match",
-    [("mse", "unknown loss"), ("ce@0.1", "no weight"), ("del@x", "number"), ("del@-1", "non-neg")],
+    [
+        ("mse", "unknown loss"),
+        ("ce@0.1", "no weight"),
+        ("del@x", "number"),
+        ("del@-1", "non-neg"),
+        ("del:short", "slot rule after ':'"),
+        ("ce:length", "no slot logits"),
+        ("del_single:any@0.1", "no slot logits"),
+    ],
 )
 def test_bad_arms_are_refused(text, match):
     with pytest.raises(ValueError, match=match):
@@ -85,7 +95,7 @@ def _finished_run(path, seed, loss, weight=None, **changed):
     bonus = 0.1 if loss != "ce" else 0.0
     weight = compare.PAPER_WEIGHTS[loss] if weight is None else weight
     config = {**SETTINGS, "loss": loss, "alpha": weight, "seed": seed, "out_dir": path}
-    config = {**config, "reduction": "digit", **changed}
+    config = {**config, "reduction": "digit", "slot_logits": "any", **changed}
     run = {
         "config": config,
         "finished": True,
@@ -93,6 +103,8 @@ def _finished_run(path, seed, loss, weight=None, **changed):
         "digit_accuracy": 0.3 + bonus + seed / 1000,
         "exact_accuracy": 0.05 + bonus / 2,
         "mean_abs_log10_error": 0.2 - bonus + seed / 1000,
+        "length_accuracy": 0.8 + bonus,
+        "digit_entropy": 1.0 - seed / 100,
         "standard_errors": {"digit_accuracy": 0.01, "exact_accuracy": 0.02},
     }
     with open(os.path.join(path, "metrics.json"), "w") as fh:
@@ -169,6 +181,71 @@ def test_a_run_from_before_the_weight_unit_was_recorded_is_not_reused(tmp_path):
         json.dump(run, fh)
     with pytest.raises(RuntimeError, match="reduction 'token' -> 'digit'.*another --out"):
         compare.sweep(str(tmp_path), [parse_arm("del")], [11], None, SETTINGS, log=print)
+
+
+def test_a_run_with_another_slot_rule_is_not_reused(tmp_path):
+    arm = parse_arm("del:length")
+    _finished_run(compare.run_dir(str(tmp_path), 11, arm), 11, "del")  # trained "any"
+    with pytest.raises(RuntimeError, match="slot_logits 'any' -> 'length'.*another --out"):
+        compare.sweep(str(tmp_path), [arm], [11], None, SETTINGS, log=lambda _: None)
+
+
+def test_a_finished_run_without_the_end_metrics_is_scored_again_not_retrained(tmp_path):
+    arm = parse_arm("del")
+    path = compare.run_dir(str(tmp_path), 11, arm)
+    _finished_run(path, 11, "del")
+    with open(os.path.join(path, "metrics.json")) as fh:
+        run = json.load(fh)
+    for key in ("length_accuracy", "digit_entropy"):
+        del run[key]
+    with open(os.path.join(path, "metrics.json"), "w") as fh:
+        json.dump(run, fh)
+    calls, logged = [], []
+
+    def rescore(arm, seed, out_dir):
+        calls.append((seed, arm.name))
+        return _finished_run(out_dir, seed, arm.loss)
+
+    results = compare.sweep(str(tmp_path), [arm], [11], rescore, SETTINGS, log=logged.append)
+    assert calls == [(11, "del")] and "scoring its end" in logged[0]
+    assert results["del"][11]["length_accuracy"] == pytest.approx(0.9)
+
+    def fails(arm, seed, out_dir):
+        return 1
+
+    with open(os.path.join(path, "metrics.json"), "w") as fh:
+        json.dump(run, fh)  # the end metrics still missing
+    with pytest.raises(RuntimeError, match="could not be scored .exit 1.; rerun"):
+        compare.sweep(str(tmp_path), [arm], [11], fails, SETTINGS, log=lambda _: None)
+
+
+def test_arms_are_also_paired_against_del_single(tmp_path):
+    arms = [parse_arm("ce"), parse_arm("del_single"), parse_arm("del:length")]
+    seeds = [11, 22]
+
+    def train(arm, seed, path):
+        return _finished_run(path, seed, arm.loss, slot_logits=arm.rule)
+
+    results = compare.sweep(str(tmp_path), arms, seeds, train, SETTINGS, log=lambda _: None)
+    # del_single and del:length score alike here (the stand-in's bonus is the loss's): 0 apart
+    results["del:length"][22]["digit_accuracy"] += 0.02
+    summary = compare.summarize(results, seeds, references=["del_single"])
+    vs = summary["del:length"]["digit_accuracy"]["difference_vs_del_single"]
+    # differences 0 and 0.02: mean 0.01, half width 12.7062 * 0.014142 / sqrt(2) = 0.127062
+    assert vs["mean"] == pytest.approx(0.01) and vs["high"] == pytest.approx(0.137062, abs=1e-6)
+    assert "difference_vs_del_single" not in summary["del_single"]["digit_accuracy"]
+    md = compare.table_against(summary, "del_single")
+    assert "| del:length | +0.010 [-0.117, +0.137] |" in md and "| del_single |" not in md
+    for by_seed in results.values():
+        for run in by_seed.values():
+            run["curve"] = _with_curve(0.0, 0.0)["curve"]
+    paths = compare.write_report(str(tmp_path), arms, seeds, results)
+    with open(paths["json"]) as fh:
+        record = json.load(fh)
+    assert record["arms"]["del:length"]["slot_logits"] == "length"
+    assert record["summary"]["ce"]["digit_entropy"]["n"] == 2
+    with open(paths["md"]) as fh:
+        assert "Paired against del_single" in fh.read()
 
 
 def test_a_run_that_differs_only_in_how_it_was_driven_is_reused(tmp_path):

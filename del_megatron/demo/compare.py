@@ -12,17 +12,21 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from ..preflight import SENTENCEPIECE, recommended_weight
+from ..slots import RULES
 from . import report
 from .config import (
+    DEFAULT_SLOT_LOGITS,
+    NO_SLOTS,
     NOT_DEFINING,
     SCORING,
     SINGLE_DIGIT_DEL,
     WEIGHT_REDUCTION,
     differing_settings,
 )
+from .evaluate import END_KEYS
 from .stats import mean_interval, paired_difference
 
 BASELINE = "ce"
@@ -39,12 +43,17 @@ PAPER_WEIGHTS = {
     "dist2": recommended_weight("dist2", SENTENCEPIECE),
     SINGLE_DIGIT_DEL: recommended_weight("del", SENTENCEPIECE),
 }
-# (key in metrics.json, title, format, higher is better): the demo's held-out metrics, and the
-# final training CE
+# (key in metrics.json, title, format, higher is better or None: neither): the demo's
+# held-out metrics, those scored at the end of a run only, and the final training CE
 LOWER_IS_BETTER = ("mean_abs_log10_error", "final_ce")
+NO_DIRECTION = ("digit_entropy",)
 METRICS = [
-    (key, title, fmt, key not in LOWER_IS_BETTER)
-    for key, title, fmt in [*report.METRICS, ("final_ce", "final train CE", "{:.4f}")]
+    (key, title, fmt, None if key in NO_DIRECTION else key not in LOWER_IS_BETTER)
+    for key, title, fmt in [
+        *report.METRICS,
+        ("final_ce", "final train CE", "{:.4f}"),
+        *report.END_METRICS,
+    ]
 ]
 # What the learning curves show: the held-out metrics and the training CE at each point.
 CURVE_METRICS = [
@@ -55,25 +64,39 @@ CURVE_METRICS = [
 
 @dataclass(frozen=True)
 class Arm:
-    """One loss at one weight: `del` (its paper weight) or `del@0.05`."""
+    """One loss at one weight, with a slot rule or the default: `del` (its paper weight),
+    `del@0.05`, `del:length@0.03` (slot_logits "length")."""
 
     loss: str
     weight: float
+    slot_logits: Optional[str] = None
 
     @property
     def name(self) -> str:
+        name = self.loss if self.slot_logits is None else f"{self.loss}:{self.slot_logits}"
         if self.loss == BASELINE or self.weight == PAPER_WEIGHTS[self.loss]:
-            return self.loss
-        return f"{self.loss}@{self.weight:g}"
+            return name
+        return f"{name}@{self.weight:g}"
+
+    @property
+    def rule(self) -> str:
+        """The slot rule its runs train with."""
+        return self.slot_logits or DEFAULT_SLOT_LOGITS
 
 
 def parse_arm(text: str) -> Arm:
-    """`LOSS` or `LOSS@WEIGHT` -> Arm; ValueError naming the problem otherwise."""
-    loss, _, weight = text.partition("@")
+    """`LOSS[:RULE][@WEIGHT]` -> Arm; ValueError naming the problem otherwise."""
+    spec, _, weight = text.partition("@")
+    loss, colon, rule = spec.partition(":")
     if loss not in PAPER_WEIGHTS:
         raise ValueError(f"unknown loss {loss!r} in {text!r}: one of {', '.join(PAPER_WEIGHTS)}")
+    if colon and rule not in RULES:
+        raise ValueError(f"{text!r}: the slot rule after ':' is one of {', '.join(RULES)}")
+    if colon and loss in NO_SLOTS:
+        raise ValueError(f"{text!r}: {loss} has no slot logits, so no slot rule")
+    slot_logits = rule if colon else None
     if not weight:
-        return Arm(loss, PAPER_WEIGHTS[loss])
+        return Arm(loss, PAPER_WEIGHTS[loss], slot_logits)
     if loss == BASELINE:
         raise ValueError(f"{text!r}: cross-entropy has no weight")
     try:
@@ -82,7 +105,7 @@ def parse_arm(text: str) -> Arm:
         raise ValueError(f"{text!r}: the weight after '@' must be a number") from None
     if not value >= 0 or math.isinf(value):
         raise ValueError(f"{text!r}: the weight must be a non-negative number")
-    return Arm(loss, value)
+    return Arm(loss, value, slot_logits)
 
 
 def run_dir(out: str, seed: int, arm: Arm) -> str:
@@ -141,8 +164,19 @@ def sweep(
             if run:
                 wanted = {**settings, "loss": arm.loss, "alpha": arm.weight, "seed": seed}
                 wanted["reduction"] = WEIGHT_REDUCTION  # alpha's unit
+                if arm.loss not in NO_SLOTS:
+                    wanted["slot_logits"] = arm.rule
                 check_finished_run(path, run, wanted)
-            if run.get("finished"):
+            if run.get("finished") and any(key not in run for key in END_KEYS):
+                log(f"[{done}/{total}] seed {seed}, {arm.name}: finished before, scoring its end")
+                rescore = train(arm, seed, path)
+                run = read_run(path)
+                if rescore != 0 or any(key not in run for key in END_KEYS):
+                    raise RuntimeError(
+                        f"seed {seed}, {arm.name} could not be scored (exit {rescore}); rerun "
+                        "the same command to continue the sweep"
+                    )
+            elif run.get("finished"):
                 log(f"[{done}/{total}] seed {seed}, {arm.name}: finished before, not run again")
             else:
                 log(f"[{done}/{total}] seed {seed}, {arm.name}: training")
@@ -158,10 +192,13 @@ def sweep(
 
 
 def summarize(
-    results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequence[int]
+    results: Dict[str, Dict[int, Dict[str, float]]],
+    seeds: Sequence[int],
+    references: Sequence[str] = (),
 ) -> Dict[str, Dict[str, dict]]:
-    """{arm: {metric: {mean, low, high, n, per_seed, standard_errors, [difference]}}}: the
-    difference is paired over seeds against the cross-entropy arm, when there is one."""
+    """{arm: {metric: {mean, low, high, n, per_seed, standard_errors, [difference],
+    [difference_vs_R]}}}: the difference is paired over seeds against the cross-entropy arm,
+    when there is one; difference_vs_R against each arm R of `references` that ran."""
     summary: Dict[str, Dict[str, dict]] = {}
     for arm, by_seed in results.items():
         rows = {}
@@ -172,6 +209,10 @@ def summarize(
             if BASELINE in results and arm != BASELINE:
                 baseline = [results[BASELINE][seed][key] for seed in seeds]
                 row["difference"] = paired_difference(values, baseline).as_dict()
+            for ref in references:
+                if ref in results and arm != ref:
+                    against = [results[ref][seed][key] for seed in seeds]
+                    row[f"difference_vs_{ref}"] = paired_difference(values, against).as_dict()
             rows[key] = row
         summary[arm] = rows
     return summary
@@ -218,8 +259,10 @@ def _cell(row: dict, fmt: str) -> str:
     return f"{fmt.format(row['mean'])} [{fmt.format(row['low'])}, {fmt.format(row['high'])}]"
 
 
-def _difference_cell(row: dict, fmt: str, higher_is_better: bool) -> str:
-    diff = row.get("difference")
+def _difference_cell(
+    row: dict, fmt: str, higher_is_better: Optional[bool], key: str = "difference"
+) -> str:
+    diff = row.get(key)
     if diff is None:
         return "-"
     signed = "{:+" + fmt[2:]
@@ -227,9 +270,29 @@ def _difference_cell(row: dict, fmt: str, higher_is_better: bool) -> str:
     if diff["n"] >= 2:
         text += f" [{signed.format(diff['low'])}, {signed.format(diff['high'])}]"
         if diff["low"] > 0 or diff["high"] < 0:
-            better = (diff["low"] > 0) == higher_is_better
-            text += " better" if better else " worse"
+            if higher_is_better is None:
+                text += " higher" if diff["low"] > 0 else " lower"
+            else:
+                better = (diff["low"] > 0) == higher_is_better
+                text += " better" if better else " worse"
     return text
+
+
+def table_against(summary: Dict[str, Dict[str, dict]], reference: str) -> str:
+    """Markdown: per metric, the difference against `reference` paired over seeds [95%
+    interval] (summarize(..., references=[reference]))."""
+    key = f"difference_vs_{reference}"
+    header = ["loss"] + [f"{title}: vs {reference}" for _, title, *_ in METRICS]
+    header = [h.replace("|", "\\|") for h in header]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm, rows in summary.items():
+        if arm == reference:
+            continue
+        cells = [arm] + [
+            _difference_cell(rows[name], fmt, higher, key) for name, _, fmt, higher in METRICS
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(summary: Dict[str, Dict[str, dict]]) -> str:
@@ -248,16 +311,29 @@ def table(summary: Dict[str, Dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: str, curves: Dict[str, Dict[str, dict]], n_seeds: int) -> str:
+def plot(
+    path: str,
+    curves: Dict[str, Dict[str, dict]],
+    n_seeds: int,
+    summary: Optional[Dict[str, Dict[str, dict]]] = None,
+) -> str:
     """Top row: each metric against steps, a line a loss (mean over seeds) in its 95% band;
-    bottom row: the difference against ce paired over seeds, in its 95% band."""
+    bottom row: the difference against ce paired over seeds, in its 95% band. With `summary`,
+    a column more per end-of-run metric (report.END_METRICS) every arm has: its mean with the
+    95% interval (top) and the paired difference against ce (bottom), a bar a loss."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     arms = list(curves)
-    fig, axes = plt.subplots(2, len(CURVE_METRICS), figsize=(4.2 * len(CURVE_METRICS), 7.2))
+    ends = [
+        (key, title)
+        for key, title, _ in report.END_METRICS
+        if summary and all(key in summary[arm] for arm in arms)
+    ]
+    columns = len(CURVE_METRICS) + len(ends)
+    fig, axes = plt.subplots(2, columns, figsize=(4.2 * columns, 7.2), squeeze=False)
     for col, (key, title, _) in enumerate(CURVE_METRICS):
         top, bottom = axes[0][col], axes[1][col]
         for color, arm in zip(report.COLORS, arms, strict=False):
@@ -278,6 +354,8 @@ def plot(path: str, curves: Dict[str, Dict[str, dict]], n_seeds: int) -> str:
         bottom.set_xlabel("step")
         if key == "train_ce":
             report.log_scale(top, [v for arm in arms for v in curves[arm][key]["mean"]])
+    for col, (key, title) in enumerate(ends, start=len(CURVE_METRICS)):
+        _end_bars(axes[0][col], axes[1][col], arms, summary, key, title)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(
         f"del-megatron compare: mean over {n_seeds} seeds with 95% intervals (bands), on the "
@@ -290,6 +368,35 @@ def plot(path: str, curves: Dict[str, Dict[str, dict]], n_seeds: int) -> str:
     return path
 
 
+def _end_bars(top, bottom, arms, summary, key: str, title: str) -> None:
+    """One end-of-run metric: a bar a loss with its 95% interval (top), and its difference
+    against ce paired over seeds (bottom)."""
+    positions = list(range(len(arms)))
+    colors = [c for c, _ in zip(report.COLORS, arms, strict=False)]
+    for axis, field in ((top, None), (bottom, "difference")):
+        rows = [summary[arm][key] for arm in arms]
+        if field is not None:
+            rows = [row.get(field) for row in rows]
+        means = [r["mean"] if r else 0.0 for r in rows]
+        errors = [
+            [r["mean"] - r["low"] if r and r["n"] >= 2 else 0.0 for r in rows],
+            [r["high"] - r["mean"] if r and r["n"] >= 2 else 0.0 for r in rows],
+        ]
+        axis.bar(positions[: len(colors)], means[: len(colors)], color=colors)
+        axis.errorbar(
+            positions[: len(colors)],
+            means[: len(colors)],
+            yerr=[e[: len(colors)] for e in errors],
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+        )
+        axis.set_xticks(positions, arms, rotation=60, fontsize=7)
+    top.set_title(f"{title}, end of run", fontsize=10)
+    bottom.axhline(0.0, color=report.COLORS[0], linewidth=1)
+    bottom.set_title(f"minus ce, paired: {title.split(' (')[0]}", fontsize=10)
+
+
 def write_report(
     out: str,
     arms: Sequence[Arm],
@@ -297,13 +404,16 @@ def write_report(
     results: Dict[str, Dict[int, Dict[str, float]]],
 ) -> Dict[str, str]:
     """compare.json, compare.md and compare.png in `out`; their paths."""
-    summary = summarize(results, seeds)
+    summary = summarize(results, seeds, references=[SINGLE_DIGIT_DEL])
     curves = summarize_curves(results, seeds)
     paths = {name: os.path.join(out, f"compare.{name}") for name in ("json", "md", "png")}
     with open(paths["json"], "w") as fh:
         record = {
             "seeds": list(seeds),
-            "arms": {arm.name: {"loss": arm.loss, "weight": arm.weight} for arm in arms},
+            "arms": {
+                arm.name: {"loss": arm.loss, "weight": arm.weight, "slot_logits": arm.rule}
+                for arm in arms
+            },
             "summary": summary,
             "curves": curves,
             "runs": {
@@ -313,5 +423,8 @@ def write_report(
         json.dump(record, fh, indent=1)
     with open(paths["md"], "w") as fh:
         fh.write(table(summary) + "\n")
-    plot(paths["png"], curves, len(seeds))
+        if SINGLE_DIGIT_DEL in summary:
+            fh.write(f"\nPaired against {SINGLE_DIGIT_DEL}:\n\n")
+            fh.write(table_against(summary, SINGLE_DIGIT_DEL) + "\n")
+    plot(paths["png"], curves, len(seeds), summary)
     return paths

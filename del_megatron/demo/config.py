@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import List, Mapping, Sequence
 
 from ..preflight import SENTENCEPIECE
+from ..slots import DEFAULT_SLOT_LOGITS
 
 # `--tokenizer chunked`: prepare trains a byte-level BPE that cuts numbers into chunks of up to
 # three digits, with Llama-3's pre-tokenizer (text_tokenizer.train_chunking_bpe).
@@ -66,12 +67,16 @@ class TrainConfig:
     # "digit" reduction). Runs made before it was recorded trained alpha x the batch's digit
     # share on that mean (the old "token" reduction): LEGACY_SETTINGS.
     reduction: str = WEIGHT_REDUCTION
+    # A chunking tokenizer's slot rule (NumericalLossConfig.slot_logits; `--slot-logits`).
+    slot_logits: str = DEFAULT_SLOT_LOGITS
 
 
 # Fields that are not flags of their own (the CLI sets them by other means).
-NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress", "reduction")
+NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress", "reduction", "slot_logits")
 # What a saved run that lacks a setting trained with (it was made before the setting existed).
-LEGACY_SETTINGS = {"reduction": "token"}
+LEGACY_SETTINGS = {"reduction": "token", "slot_logits": "any"}
+# Losses on which the slot rule has no effect: compare does not tell their runs apart by it.
+NO_SLOTS = ("ce", SINGLE_DIGIT_DEL)
 
 # Fields that do not change what a run trains: where it lives, how it is driven, how much of the
 # held-out set it is scored on and when (scoring draws no random numbers: the weights are the

@@ -20,18 +20,26 @@ ANSWER_TOKENS = 12  # the most tokens greedy decoding writes for an answer
 SAMPLES = 8  # answers kept in metrics.json to read
 # metrics.json keys of the held-out metrics
 METRIC_KEYS = ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error")
+# ... and of those scored at the end of a run only (not on the learning curve)
+END_KEYS = ("length_accuracy", "digit_entropy")
 
 
 @dataclass
 class Scores:
     """Per held-out problem, in the order given: answer digits predicted right (teacher-forced,
-    digit_hits) and answer digits, exact greedy answer (0/1), |log10 error| of the greedy answer."""
+    digit_hits) and answer digits, exact greedy answer (0/1), |log10 error| of the greedy answer;
+    teacher-forced, the answer's number tokens whose prediction among the number tokens has the
+    label's number of digits, and the sum and count of the digit entropies (length_and_entropy)."""
 
     digits_correct: List[int] = field(default_factory=list)
     digits_total: List[int] = field(default_factory=list)
     exact: List[int] = field(default_factory=list)
     log_error: List[float] = field(default_factory=list)
     outputs: List[str] = field(default_factory=list)
+    length_correct: List[int] = field(default_factory=list)
+    number_tokens: List[int] = field(default_factory=list)
+    entropy_sum: List[float] = field(default_factory=list)
+    entropy_count: List[int] = field(default_factory=list)
 
 
 def _full_logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -81,6 +89,31 @@ def digit_hits(targets: List[int], guesses: List[int], texts: Dict[int, str]) ->
     return correct, total
 
 
+def length_and_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, vocab: dm.DigitVocab
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of labels [b, s] (-100 but where scored; logits [b, s, V] predict them): number
+    tokens whose argmax among the number tokens has the label's number of digits, number
+    tokens, and the sum and count over their digits of the entropy (nats) of softmax(z^(j)),
+    the "length" rule's slot logits (docs/DEL.md; one digit a token: the ten digit logits)."""
+    ids = torch.tensor([i for i, _ in vocab.number_tokens()])
+    digits = torch.tensor([len(text) for _, text in vocab.number_tokens()])
+    length_of = torch.zeros(logits.size(-1), dtype=torch.long)
+    length_of[ids] = digits
+    target = labels.clamp(min=0)
+    is_number = (labels >= 0) & (length_of[target] > 0)
+    guess = digits[logits[..., ids].argmax(-1)]
+    length_hits = (is_number & (guess == length_of[target])).sum(-1)
+    cfg = dm.NumericalLossConfig(loss="ce", vocab=vocab, slot_logits="length")
+    parts = dm.loss_parts(labels, logits.transpose(0, 1).float(), cfg, validate=False)
+    z = parts.digit_logits if vocab.chunked else parts.digit_logits.unsqueeze(-2)
+    log_p = torch.log_softmax(z.double(), dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)  # [b, s, S]
+    held = torch.arange(z.size(-2)) < parts.digit_count.unsqueeze(-1)
+    entropy = torch.where(held, entropy, 0.0).sum((-1, -2))
+    return length_hits, is_number.sum(-1), entropy, held.sum((-1, -2))
+
+
 @torch.no_grad()
 def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab) -> Scores:
     """Teacher-forced digit hits on each answer and the greedy-decoded answer of each problem.
@@ -91,6 +124,8 @@ def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab)
     n = len(problems)
     texts = dict(vocab.number_tokens())
     scores = Scores([0] * n, [0] * n, [0] * n, [0.0] * n, [""] * n)
+    scores.length_correct, scores.number_tokens = [0] * n, [0] * n
+    scores.entropy_sum, scores.entropy_count = [0.0] * n, [0] * n
     prompts = [tok.encode(p["prompt"]) for p in problems]
     answers = [tok.encode(p["answer"]) for p in problems]
     order = sorted(range(n), key=lambda i: len(prompts[i]) + len(answers[i]))
@@ -98,12 +133,19 @@ def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab)
         rows = order[start : start + EVAL_BATCH]
         seqs = [prompts[i] + answers[i] for i in rows]
         full = _right_padded(seqs, tok.eod, max(map(len, seqs)))
-        predicted = _full_logits(model, full).argmax(-1)  # [b, s]
+        logits = _full_logits(model, full)  # [b, s, V]
+        predicted = logits.argmax(-1)  # [b, s]
+        labels = torch.full_like(full, -100)  # the answers' tokens, where they are predicted
         for row, i in enumerate(rows):
             begin, end = len(prompts[i]), len(seqs[row])
             targets = full[row, begin:end].tolist()
             guesses = predicted[row, begin - 1 : end - 1].tolist()
             scores.digits_correct[i], scores.digits_total[i] = digit_hits(targets, guesses, texts)
+            labels[row, begin - 1 : end - 1] = full[row, begin:end]
+        per_row = [t.tolist() for t in length_and_entropy(logits, labels, vocab)]
+        for row, i in enumerate(rows):
+            scores.length_correct[i], scores.number_tokens[i] = per_row[0][row], per_row[1][row]
+            scores.entropy_sum[i], scores.entropy_count[i] = per_row[2][row], per_row[3][row]
     order = sorted(range(n), key=lambda i: len(prompts[i]))
     for start in range(0, n, EVAL_BATCH):
         rows = order[start : start + EVAL_BATCH]
@@ -137,6 +179,15 @@ def summarize(scores: Scores, problems: List[dict], first: Optional[int] = None)
     k = len(scores.exact) if first is None else min(first, len(scores.exact))
     correct, total = scores.digits_correct[:k], scores.digits_total[:k]
     exact, log_error = scores.exact[:k], scores.log_error[:k]
+    end: Dict[str, float] = {}
+    standard_errors: Dict[str, float] = {}
+    if scores.number_tokens:
+        lengths, numbers = scores.length_correct[:k], scores.number_tokens[:k]
+        entropy, counted = scores.entropy_sum[:k], scores.entropy_count[:k]
+        end["length_accuracy"] = sum(lengths) / max(sum(numbers), 1)
+        end["digit_entropy"] = sum(entropy) / max(sum(counted), 1)
+        standard_errors["length_accuracy"] = ratio_standard_error(lengths, numbers)
+        standard_errors["digit_entropy"] = ratio_standard_error(entropy, counted)
     return {
         "digit_accuracy": sum(correct) / max(sum(total), 1),
         "exact_accuracy": sum(exact) / max(k, 1),
@@ -146,7 +197,9 @@ def summarize(scores: Scores, problems: List[dict], first: Optional[int] = None)
             "digit_accuracy": ratio_standard_error(correct, total),
             "exact_accuracy": standard_error(exact),
             "mean_abs_log10_error": standard_error(log_error),
+            **standard_errors,
         },
+        **end,
         "samples": [
             {"prompt": p["prompt"], "answer": p["answer"], "output": out}
             for p, out in zip(problems[:SAMPLES], scores.outputs[:SAMPLES], strict=False)

@@ -11,6 +11,12 @@ METRICS = [
     ("exact_accuracy", "exact answer (greedy)", "{:.3f}"),
     ("mean_abs_log10_error", "mean |log10 error|", "{:.4f}"),
 ]
+# Scored at the end of a run only: the answer's number tokens of the right length, and the
+# digit distributions' entropy ("length" slot logits for every run).
+END_METRICS = [
+    ("length_accuracy", "length acc (teacher-forced)", "{:.3f}"),
+    ("digit_entropy", "digit entropy (nats)", "{:.3f}"),
+]
 TRAIN_CE = ("train_ce", "train CE (mean between points)", "{:.4f}")
 # One a loss: enough for every loss of `compare` at four DEL weights (a color left out drops its
 # loss from the plot).

@@ -54,7 +54,13 @@ def _loss_config(cfg: TrainConfig, vocab: dm.DigitVocab) -> dm.NumericalLossConf
         loss, vocab = "del", vocab.single_digits_only()
     else:
         loss = cfg.loss
-    return dm.NumericalLossConfig(loss=loss, alpha=cfg.alpha, vocab=vocab, reduction=cfg.reduction)
+    return dm.NumericalLossConfig(
+        loss=loss,
+        alpha=cfg.alpha,
+        vocab=vocab,
+        reduction=cfg.reduction,
+        slot_logits=cfg.slot_logits,
+    )
 
 
 def _step_record(report: dict, loss_cfg: dm.NumericalLossConfig) -> dict:
@@ -165,6 +171,14 @@ def _mean_train_ce(history, since_step: int) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def _previous_train_seconds(out_dir: str, default: float) -> float:
+    try:
+        with open(os.path.join(out_dir, "metrics.json")) as fh:
+            return json.load(fh).get("train_seconds", default)
+    except FileNotFoundError:
+        return default
+
+
 def train(cfg: TrainConfig) -> None:
     """Train one run, scoring the first cfg.curve_problems held-out problems at the curve's
     steps and all cfg.eval_problems (0: all) at the end; rank 0 writes metrics.json."""
@@ -235,6 +249,9 @@ def train(cfg: TrainConfig) -> None:
             curve.append(curve_point(cfg.steps, end, _mean_train_ce(history, since)))
         eval_seconds += time.time() - timed
     dmm.unregister()
+    train_seconds = time.time() - began - eval_seconds
+    if start == cfg.steps:  # re-scored from its last checkpoint: keep the training's time
+        train_seconds = _previous_train_seconds(cfg.out_dir, train_seconds)
     if rank == 0:
         os.makedirs(cfg.out_dir, exist_ok=True)
         result = {
@@ -242,7 +259,7 @@ def train(cfg: TrainConfig) -> None:
             "history": history,
             "curve": curve,
             "finished": finished,
-            "train_seconds": time.time() - began - eval_seconds,
+            "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
             **metrics,
         }
