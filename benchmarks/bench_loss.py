@@ -19,10 +19,11 @@ Rows (`impl`): megatron_ce (the reference of every ratio), megatron_fused (its t
 variant) and, on CUDA where Transformer Engine is installed, te_ce (Megatron's wrapper of TE's
 parallel cross-entropy); ce, del, ntl_was, ntl_mse, dist2 (numerical_lm_loss, kernel "auto":
 `kernel` names the one it took on this device); del_softmax, del_recompute and del_compiled
-(DEL with each kernel forced); del_chunked (DEL with a chunking vocab: each rank's slot partial
-sums over its share of the 1,110 number tokens, the multi-digit ones at scattered ids; its cost
-does not depend on the labels; time_vs_del_paired: its time over del's in the same round, the
-median over rounds); del_naive (plain autograd DEL over F.cross_entropy, TP 1);
+(DEL with each kernel forced); del_chunked and del_chunked_length (DEL with a chunking vocab,
+slot rule "any" and "length": each rank's slot partial sums over its share of the 1,110 number
+tokens, the multi-digit ones at scattered ids; the cost does not depend on the labels;
+time_vs_del_paired: its time over del's in the same round, the median over rounds);
+del_naive (plain autograd DEL over F.cross_entropy, TP 1);
 ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
 del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
@@ -197,9 +198,9 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     def megatron_fused(labels, logits):
         return fused_vocab_parallel_cross_entropy(logits, labels.t().contiguous(), group).t()
 
-    def ours(loss, vocab=VOCAB, **how):
+    def ours(loss, vocab=VOCAB, slot_logits="any", **how):
         how.setdefault("inplace", inplace)
-        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=vocab)
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=vocab, slot_logits=slot_logits)
         return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, group, **how)
 
     impls = {"megatron_ce": megatron_ce, "megatron_fused": megatron_fused}
@@ -217,7 +218,8 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     impls["del_softmax"] = ours("del", kernel="softmax")
     impls["del_recompute"] = ours("del", kernel="recompute")
     impls["del_compiled"] = ours("del", kernel="compiled")
-    impls["del_chunked"] = ours("del", vocab=CHUNKED_VOCAB)
+    impls["del_chunked"] = ours("del", vocab=CHUNKED_VOCAB, slot_logits="any")
+    impls["del_chunked_length"] = ours("del", vocab=CHUNKED_VOCAB, slot_logits="length")
     if dtype_name == "fp32":
         impls["del_copy"] = ours("del", inplace=False)
     if tp == 1:
@@ -252,7 +254,7 @@ def kernel_of(name: str, case) -> str | None:
 
     if name in FORCED_KERNELS:
         return FORCED_KERNELS[name]
-    if name not in LOSSES and name not in ("del_copy", "del_chunked"):
+    if name not in LOSSES and name not in ("del_copy", "del_chunked", "del_chunked_length"):
         return None
     logits = SimpleNamespace(device=torch.device(case["device"]), dtype=DTYPES[case["dtype"]])
     inplace = case["dtype"] == "fp32" and name != "del_copy"
@@ -411,7 +413,10 @@ def _worker(rank, world, port, case, phase, reps, names, queue, threads=None):
 
 
 # Rows timed against another in the same rounds, besides megatron_ce (row -> {key: other}).
-PAIRED = {"del_chunked": {"time_vs_del_paired": "del"}}
+PAIRED = {
+    "del_chunked": {"time_vs_del_paired": "del"},
+    "del_chunked_length": {"time_vs_del_paired": "del"},
+}
 
 
 def _paired_ratio(times: list, others: list) -> float:

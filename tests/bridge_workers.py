@@ -91,6 +91,13 @@ def del_fields(config) -> Dict[str, Any]:
     }
 
 
+def slot_rule_read_back(config) -> str:
+    """The slot rule the loss reads from a model config enable_numerical_loss set up."""
+    from del_megatron.megatron.hook import cfg_from_model_config
+
+    return cfg_from_model_config(config).slot_logits
+
+
 def tiny_hf_config(vocab_size: int = VOCAB):
     from transformers import Qwen2Config
 
@@ -360,7 +367,7 @@ def chunking_recipe() -> Dict[str, Any]:
     cfg = _pretrain_common()
     cfg.model = tiny_provider(AutoBridge.from_hf_config(tiny_hf_config(vocab_size=128256)))
     cfg.tokenizer = tok_cfg
-    enabled = enable_numerical_loss(cfg, loss="del", alpha=ALPHA)
+    enabled = enable_numerical_loss(cfg, loss="del", alpha=ALPHA, slot_logits="length")
     unregister()
     tokenizer = build_tokenizer(tok_cfg)
     return {
@@ -369,6 +376,7 @@ def chunking_recipe() -> Dict[str, Any]:
         "bos": tokenizer.bos,
         "chunked": enabled.vocab.chunked,
         "provider": del_fields(cfg.model),
+        "slot_logits": slot_rule_read_back(cfg.model),
     }
 
 
@@ -598,12 +606,13 @@ def nemo_chunking(module) -> Dict[str, Any]:
     from del_megatron.megatron.nemo import enable_numerical_loss
 
     module.tokenizer = AutoTokenizer(llama3_dir())
-    enabled = enable_numerical_loss(module, loss="del", alpha=ALPHA)
+    enabled = enable_numerical_loss(module, loss="del", alpha=ALPHA, slot_logits="length")
     return {
         "tokenizer_class": type(module.tokenizer).__name__,
         "text_to_ids_12": list(module.tokenizer.text_to_ids("12")),
         "chunked": enabled.vocab.chunked,
         "config": del_fields(module.config),
+        "slot_logits": slot_rule_read_back(module.config),
     }
 
 

@@ -142,7 +142,7 @@ def test_a_recipe_with_a_chunking_tokenizer_gets_its_number_tokens(bridge):
 
     r, expected = bridge["chunking"], ids_in_tokenizer_json(LLAMA3_TOKENIZER)
     assert r["tokenized_12"] == [r["bos"], expected["multi_digit_ids"][12]]
-    assert r["chunked"] is True
+    assert r["chunked"] is True and r["slot_logits"] == "length"
     assert r["provider"] == {
         "del_digit_token_ids": list(expected["digit_ids"]),
         "del_decimal_point_token_ids": list(expected["decimal_point_ids"]),

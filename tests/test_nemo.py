@@ -52,6 +52,7 @@ def test_enable_numerical_loss_reads_a_chunking_tokenizer_from_the_model(nemo):
     r, expected = nemo["chunking"], ids_in_tokenizer_json(LLAMA3_TOKENIZER)
     assert r["tokenizer_class"] == "AutoTokenizer" and r["chunked"] is True
     assert r["text_to_ids_12"][-1] == expected["multi_digit_ids"][12]
+    assert r["slot_logits"] == "length"
     assert r["config"] == {
         "del_digit_token_ids": list(expected["digit_ids"]),
         "del_decimal_point_token_ids": list(expected["decimal_point_ids"]),

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
+from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
 from . import state
 from .accounting import DigitAccounting
@@ -101,6 +102,7 @@ def enable_numerical_loss(
     alpha: float = 0.01,
     reduction: str = "digit",
     digit_share: Optional[float] = None,
+    slot_logits: str = DEFAULT_SLOT_LOGITS,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
     logits_free: Union[bool, str] = False,
@@ -111,7 +113,8 @@ def enable_numerical_loss(
     The digit ids come from `vocab`, else from `tokenizer` (a Bridge/Megatron, Hugging Face,
     SentencePiece or tiktoken tokenizer, or a tokenizer file), else from the ConfigContainer's
     own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
-    applies DEL to single-digit tokens only). Settings del_megatron cannot train with (a fused
+    applies DEL to single-digit tokens only; slot_logits picks a chunking tokenizer's slot rule,
+    docs/DEL.md). Settings del_megatron cannot train with (a fused
     cross-entropy that bypasses the loss hook, full-iteration CUDA graphs, the combined 1F1B
     schedule; with logits_free, deferred embedding wgrad, Megatron-FSDP or torch FSDP2 on a
     ConfigContainer's ddp or dist, fp16 with the "forward" route) are refused here, before
@@ -136,7 +139,12 @@ def enable_numerical_loss(
             )
         vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
     cfg = NumericalLossConfig(
-        loss=loss, alpha=alpha, vocab=vocab, reduction=reduction, digit_share=digit_share
+        loss=loss,
+        alpha=alpha,
+        vocab=vocab,
+        reduction=reduction,
+        digit_share=digit_share,
+        slot_logits=slot_logits,
     )
     size = _vocab_size(config)
     if size is not None:

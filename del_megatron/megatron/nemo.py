@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Optional, Union
 import torch
 
 from ..loss import NumericalLossConfig
+from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
 from .hook import check_model_config, config_fields, register
 from .logits_free import set_on_model_config as set_logits_free
@@ -119,6 +120,7 @@ def enable_numerical_loss(
     alpha: float = 0.01,
     reduction: str = "digit",
     digit_share: Optional[float] = None,
+    slot_logits: str = DEFAULT_SLOT_LOGITS,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
     logits_free: Union[bool, str] = False,
@@ -128,7 +130,8 @@ def enable_numerical_loss(
     properties): the settings go on `model.config` (which Megatron-Core's GPTModel reads) as
     plain attributes, both loss reductions become the DEL ones (logging through `model.log`),
     and the loss hook is registered. Digit ids come from `vocab`, else `tokenizer`, else
-    `model.tokenizer` (NeMo's tokenizers wrap a Hugging Face or SentencePiece one).
+    `model.tokenizer` (NeMo's tokenizers wrap a Hugging Face or SentencePiece one);
+    slot_logits picks a chunking tokenizer's slot rule (docs/DEL.md).
 
     The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
     normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
@@ -147,7 +150,12 @@ def enable_numerical_loss(
                 raise
             vocab = DigitVocab.from_tokenizer(inner, allow_multi_digit_tokens)
     cfg = NumericalLossConfig(
-        loss=loss, alpha=alpha, vocab=vocab, reduction=reduction, digit_share=digit_share
+        loss=loss,
+        alpha=alpha,
+        vocab=vocab,
+        reduction=reduction,
+        digit_share=digit_share,
+        slot_logits=slot_logits,
     )
     config = model.config
     check_model_config(config, weight_gradient_of(logits_free))

@@ -32,6 +32,7 @@ MIGRATION = "docs/megatron-lm.md, 'Migrating from 0.1'"
 # del-megatron 0.1's defaults, for checkpoints that lack a flag.
 OLD_ALPHA = 0.01
 OLD_REDUCTION = "token"
+OLD_SLOT_LOGITS = "any"
 
 # Settings field -> the Megatron-LM flag that sets it.
 FLAGS = {
@@ -40,6 +41,7 @@ FLAGS = {
     "reduction": "--del-reduction",
     "digit_share": "--del-digit-share",
     "digit_ids": "--del-digit-token-ids",
+    "slot_logits": "--del-slot-logits",
 }
 NAMES = {"ce": "CE", "del": "DEL"}
 
@@ -70,6 +72,17 @@ class Settings:
     reduction: Optional[str] = None
     digit_share: Optional[float] = None
     digit_ids: Optional[Tuple[int, ...]] = None
+    # a chunking tokenizer's slot rule; None where the run has one digit a token
+    slot_logits: Optional[str] = None
+
+
+def _slot_rule_of_args(args: Any) -> Optional[str]:
+    """The slot rule of args whose tokenizer may chunk numbers (before --del-slot-logits
+    existed, slots were "any"); None for one digit a token."""
+    chunked = getattr(args, "del_allow_multi_digit_tokens", False)
+    if not chunked or getattr(args, "del_single_digits_only", False):
+        return None
+    return getattr(args, "del_slot_logits", None) or OLD_SLOT_LOGITS
 
 
 def settings_of_args(args: Any) -> Settings:
@@ -85,6 +98,7 @@ def settings_of_args(args: Any) -> Settings:
         reduction=getattr(args, "del_reduction", None) or OLD_REDUCTION,
         digit_share=getattr(args, "del_digit_share", None),
         digit_ids=None if ids is None else tuple(ids),
+        slot_logits=_slot_rule_of_args(args),
     )
 
 
@@ -93,7 +107,8 @@ def settings_of_config(cfg: NumericalLossConfig) -> Settings:
     if cfg.loss == "ce":
         return Settings()
     ids = None if cfg.vocab is None else tuple(cfg.vocab.digit_ids)
-    return Settings(cfg.loss, cfg.alpha, cfg.reduction, cfg.digit_share, ids)
+    rule = cfg.slot_logits if cfg.vocab is not None and cfg.vocab.chunked else None
+    return Settings(cfg.loss, cfg.alpha, cfg.reduction, cfg.digit_share, ids, rule)
 
 
 def is_old_unit(args: Any) -> bool:
@@ -118,12 +133,13 @@ def _shown(value: Any) -> str:
 
 
 def changes(old: Settings, new: Settings, fields: Sequence[str] = tuple(FLAGS)) -> List[str]:
-    """'--flag old -> new' for each of `fields` that differs (digit ids only when both sides
-    name them: a checkpoint saved without --del-digit-token-ids read them from its tokenizer)."""
+    """'--flag old -> new' for each of `fields` that differs (digit ids and slot rules only when
+    both sides name them: a checkpoint saved without --del-digit-token-ids read them from its
+    tokenizer, and a slot rule is only a chunking tokenizer's)."""
     found = []
     for name in fields:
         before, after = getattr(old, name), getattr(new, name)
-        if name == "digit_ids" and (before is None or after is None):
+        if name in ("digit_ids", "slot_logits") and (before is None or after is None):
             continue
         if before != after:
             found.append(f"{FLAGS[name]} {_shown(before)} -> {_shown(after)}")
@@ -136,6 +152,8 @@ def flags_of(settings: Settings) -> str:
     shown.append(f"--del-reduction {settings.reduction}")
     if settings.digit_share is not None:
         shown.append(f"--del-digit-share {_shown(settings.digit_share)}")
+    if settings.slot_logits is not None:
+        shown.append(f"--del-slot-logits {settings.slot_logits}")
     return " ".join(shown)
 
 
@@ -162,7 +180,11 @@ def announcements(checkpoint_args: Any, run: Settings) -> List[str]:
     lines, fields = [], tuple(FLAGS)
     if is_old_unit(checkpoint_args):
         lines.append(old_unit_line(old.alpha, run.alpha))
-        fields = ("loss", "digit_ids")  # the line above says what alpha and the reduction mean
+        fields = (
+            "loss",
+            "digit_ids",
+            "slot_logits",
+        )  # the line above says what alpha and the reduction mean
     changed = changes(old, run, fields)
     if changed:
         lines.append(CHANGED.format(changes=", ".join(changed)))
