@@ -2,7 +2,8 @@
 (NumericalLossConfig, Megatron-LM's flags, Bridge, NeMo, the CLI, the demo and compare).
 
 A weight is any real number (int, float, a numpy scalar, a 0-d tensor) that is finite and >= 0;
-a digit share is finite and in (0, 1]. Both come back as a Python float.
+a digit share is finite and in (0, 1]; a learning rate is finite and > 0 (a final learning rate
+may be 0). All come back as a Python float.
 """
 
 from __future__ import annotations
@@ -44,3 +45,12 @@ def check_digit_share(value: Any, name: str = "digit_share") -> float:
             f"(0, 1], got {value!r} (`del-megatron check --data-path PREFIX` measures it)"
         )
     return share
+
+
+def check_learning_rate(value: Any, name: str = "lr", allow_zero: bool = False) -> float:
+    """`value` as a float, if it is a finite number > 0 (>= 0 with allow_zero: a final rate)."""
+    rate = _real(value, name)
+    if not math.isfinite(rate) or rate < 0 or (rate == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite learning rate {bound}, got {value!r}")
+    return rate
