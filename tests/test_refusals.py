@@ -28,7 +28,8 @@ def megatron_args(argv, **flags) -> argparse.Namespace:
     Megatron's own flags by their dest."""
     parser = argparse.ArgumentParser()
     dmm.add_arguments(parser)
-    args = parser.parse_args(["--del-digit-token-ids", *DIGITS, *argv])
+    ids = [] if "ce" in argv else ["--del-digit-token-ids", *DIGITS]  # ce takes no ids
+    args = parser.parse_args([*ids, *argv])
     args.padded_vocab_size = 1024
     for name, value in flags.items():
         setattr(args, name, value)

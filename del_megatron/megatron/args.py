@@ -10,6 +10,8 @@ from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
 from ..slots import DEFAULT_SLOT_LOGITS, RULES
 from ..vocab import DigitVocab
 from ..weights import check_digit_share, check_weight
+from . import state
+from .given_ids import check_given_points, check_given_vocab, tokenizer_vocab
 from .hook import config_fields
 
 
@@ -112,13 +114,22 @@ def chain_extra_args(*providers: Optional[Callable]) -> Callable:
     return provider
 
 
+SINGLE_DIGITS_FLAG = "--del-single-digits-only"
+MULTI_DIGITS_FLAG = "--del-allow-multi-digit-tokens"
+
+
+def _has_text(args, tokenizer) -> bool:
+    return tokenizer is not None and getattr(args, "tokenizer_type", None) != "NullTokenizer"
+
+
 def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
-    """DigitVocab from the flags, or else from the run's tokenizer (None for loss 'ce')."""
+    """DigitVocab from the flags, or else from the run's tokenizer (None for loss 'ce'). Ids
+    given by flag are held against the tokenizer where it has text (given_ids.py)."""
     if args.numerical_loss == "ce":
         return None
     if args.del_digit_token_ids is not None:
-        return DigitVocab(args.del_digit_token_ids, args.del_decimal_point_token_ids or ())
-    if tokenizer is None or getattr(args, "tokenizer_type", None) == "NullTokenizer":
+        return _given_vocab(args, tokenizer)
+    if not _has_text(args, tokenizer):
         source = "the NullTokenizer has no text" if tokenizer is not None else "no tokenizer"
         raise ValueError(
             f"--numerical-loss {args.numerical_loss} needs the ids of the digit tokens, and "
@@ -129,13 +140,90 @@ def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
     if getattr(args, "del_single_digits_only", False):
         vocab = vocab.single_digits_only()
     if args.del_decimal_point_token_ids is not None:
-        vocab = DigitVocab(vocab.digit_ids, args.del_decimal_point_token_ids, vocab.multi_digit_ids)
+        points = args.del_decimal_point_token_ids
+        check_given_points(points, vocab, "--del-decimal-point-token-ids")
+        vocab = DigitVocab(vocab.digit_ids, points, vocab.multi_digit_ids)
+    state.log_once("ids", "del_megatron: digit ids read from the run's tokenizer")
     return vocab
+
+
+def _given_vocab(args, tokenizer) -> DigitVocab:
+    """--del-digit-token-ids (and points): checked against a tokenizer with text, else used as
+    given with a note. Flags that would do nothing beside them are refused."""
+    given = DigitVocab(args.del_digit_token_ids, args.del_decimal_point_token_ids or ())
+    if getattr(args, "del_single_digits_only", False):
+        raise ValueError(
+            f"{SINGLE_DIGITS_FLAG} does nothing beside --del-digit-token-ids (the ten ids given "
+            f"are used as they are): drop --del-digit-token-ids to have {SINGLE_DIGITS_FLAG} "
+            "read the single-digit ids from the run's tokenizer, or drop "
+            f"{SINGLE_DIGITS_FLAG}"
+        )
+    multi = args.del_allow_multi_digit_tokens
+    if not _has_text(args, tokenizer):
+        if multi:
+            raise ValueError(
+                f"{MULTI_DIGITS_FLAG} does nothing beside --del-digit-token-ids when the run's "
+                "tokenizer has no text (NullTokenizer): there is no tokenizer to accept: drop "
+                f"{MULTI_DIGITS_FLAG}"
+            )
+        state.log_once(
+            "ids",
+            "del_megatron: --del-digit-token-ids %s used as given, not checked: the run's "
+            "tokenizer has no text to read digits from",
+            _ids_text(given.digit_ids),
+        )
+        return given
+    read = tokenizer_vocab(tokenizer, multi)
+    if read is None:
+        state.log_once(
+            "ids",
+            "del_megatron: --del-digit-token-ids %s used as given, not checked: del_megatron "
+            "cannot read digits from a %s",
+            _ids_text(given.digit_ids),
+            type(tokenizer).__name__,
+        )
+        return given
+    points_given = args.del_decimal_point_token_ids is not None
+    fix = f"drop the ids and add {SINGLE_DIGITS_FLAG} to give the term to the single digits only"
+    check_given_vocab(given, read, "--del-digit-token-ids", points_given, fix)
+    state.log_once("ids", "del_megatron: --del-digit-token-ids match the run's tokenizer")
+    return given
+
+
+def _ids_text(ids) -> str:
+    return " ".join(map(str, ids))
+
+
+# Flags that act with --numerical-loss ce too (a logits-free CE).
+WITH_CE = ("del_logits_free",)
+
+
+def check_flags_need_a_loss(args) -> None:
+    """Refuse --del-* flags set to other than their defaults under --numerical-loss ce: they
+    would do nothing, and the run would train plain CE in silence."""
+    if getattr(args, "numerical_loss", "ce") != "ce":
+        return
+    defaults = vars(add_arguments(argparse.ArgumentParser()).parse_args([]))
+    set_flags = [
+        "--" + name.replace("_", "-")
+        for name, default in defaults.items()
+        if name.startswith("del_")
+        and name not in WITH_CE
+        and getattr(args, name, default) != default
+    ]
+    if set_flags:
+        losses = ", ".join(loss for loss in LOSSES if loss != "ce")
+        raise ValueError(
+            f"{', '.join(set_flags)} set, but --numerical-loss is ce (its default), which "
+            "trains plain cross-entropy and reads none of them: add --numerical-loss del (or "
+            f"one of {losses}), or drop them"
+        )
 
 
 def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
     """NumericalLossConfig from parsed Megatron-LM args. Call before training starts: a
     tokenizer without single-digit tokens stops the run here with a clear message."""
+    check_flags_need_a_loss(args)
     check_reduction_flags(args)
     vocab = digit_vocab_from_args(args, tokenizer)
     vocab_size = getattr(args, "padded_vocab_size", None)

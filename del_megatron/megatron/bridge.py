@@ -35,6 +35,7 @@ from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
 from . import state
 from .accounting import DigitAccounting
+from .given_ids import api_vocab
 from .hook import (
     FIELD_LOSS,
     cfg_from_model_config,
@@ -89,6 +90,12 @@ def _recipe_tokenizer(target: Any) -> Any:
     return build_tokenizer(config)
 
 
+def _null_tokenizer(target: Any) -> bool:
+    """Whether a ConfigContainer's TokenizerConfig names Megatron's NullTokenizer (no text)."""
+    config = getattr(target, "tokenizer", None)
+    return getattr(config, "tokenizer_type", None) == "NullTokenizer"
+
+
 def _vocab_size(config: Any) -> Optional[int]:
     size = getattr(config, "vocab_size", None)
     return size if isinstance(size, int) else None
@@ -105,6 +112,7 @@ def enable_numerical_loss(
     slot_logits: str = DEFAULT_SLOT_LOGITS,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
+    single_digits_only: bool = False,
     logits_free: Union[bool, str] = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a Bridge model provider instance, a Bridge ModelConfig or
@@ -113,8 +121,9 @@ def enable_numerical_loss(
     The digit ids come from `vocab`, else from `tokenizer` (a Bridge/Megatron, Hugging Face,
     SentencePiece or tiktoken tokenizer, or a tokenizer file), else from the ConfigContainer's
     own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
-    applies DEL to single-digit tokens only; slot_logits picks a chunking tokenizer's slot rule,
-    docs/DEL.md). Settings del_megatron cannot train with (a fused
+    applies DEL to single-digit tokens only; single_digits_only=True does so on a chunking
+    tokenizer; a vocab given is held against the tokenizer when there is one; slot_logits picks
+    a chunking tokenizer's slot rule, docs/DEL.md). Settings del_megatron cannot train with (a fused
     cross-entropy that bypasses the loss hook, full-iteration CUDA graphs, the combined 1F1B
     schedule; with logits_free, deferred embedding wgrad, Megatron-FSDP or torch FSDP2 on a
     ConfigContainer's ddp or dist, fp16 with the "forward" route) are refused here, before
@@ -129,15 +138,14 @@ def enable_numerical_loss(
     (numerical_linear_loss's weight_gradient; True is "auto").
     """
     config = model_config_of(target)
-    if vocab is None:
-        if tokenizer is None:
-            tokenizer = _recipe_tokenizer(target)
-        if tokenizer is None:
-            raise ValueError(
-                "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
-                "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
-            )
-        vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
+    if tokenizer is None and (vocab is None or not _null_tokenizer(target)):
+        tokenizer = _recipe_tokenizer(target)  # also to hold a vocab given against
+    if vocab is None and tokenizer is None:
+        raise ValueError(
+            "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
+            "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
+        )
+    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, single_digits_only)
     cfg = NumericalLossConfig(
         loss=loss,
         alpha=alpha,

@@ -550,17 +550,29 @@ def register(
     )
     state.begin(registration)
     if cfg is not None and cfg.loss != "ce":
-        state.log_once(
-            "settings",
-            "del_megatron: %s (alpha %s on the mean term over digit targets, %s reduction%s) on "
-            "digit ids %s, decimal points %s",
-            cfg.loss,
-            cfg.alpha,
-            cfg.reduction,
-            "" if cfg.digit_share is None else f", digit share {cfg.digit_share:g}",
-            list(cfg.vocab.digit_ids) if cfg.vocab else None,
-            list(cfg.vocab.decimal_point_ids) if cfg.vocab else None,
-        )
+        state.log_once("settings", settings_line(cfg))
+        if cfg.alpha == 0:
+            state.log_once(
+                "zero weight",
+                "del_megatron: alpha is 0: the %s term is computed (it costs its time) and adds "
+                "nothing to the loss; --numerical-loss ce trains the same loss without it",
+                cfg.loss,
+            )
+
+
+def settings_line(cfg: NumericalLossConfig) -> str:
+    """The startup report: loss, weight and its unit, reduction, slot rule and ids."""
+    share = "" if cfg.digit_share is None else f", digit share {cfg.digit_share:g}"
+    vocab = cfg.vocab
+    ids = "digit ids from each model's config"
+    if vocab is not None:
+        ids = f"digit ids {list(vocab.digit_ids)}, decimal points {list(vocab.decimal_point_ids)}"
+        if vocab.chunked:
+            ids += f", {len(vocab.multi_digit_ids)} multi-digit tokens, slot rule {cfg.slot_logits}"
+    return (
+        f"del_megatron: {cfg.loss} (alpha {cfg.alpha:g} on the mean term over digit targets, "
+        f"{cfg.reduction} reduction{share}) on {ids}"
+    )
 
 
 def unregister() -> None:

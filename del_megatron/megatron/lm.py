@@ -28,7 +28,13 @@ import torch.distributed as dist
 from ..loss import NumericalLossConfig
 from . import resume, state
 from .accounting import DigitAccounting
-from .args import add_arguments, chain_extra_args, config_from_args, set_config_fields
+from .args import (
+    add_arguments,
+    chain_extra_args,
+    check_flags_need_a_loss,
+    config_from_args,
+    set_config_fields,
+)
 from .hook import check_model_config, register
 from .logits_free import weight_gradient_of
 from .share_watch import ShareWatch
@@ -180,6 +186,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     (None, and nothing registered, for --numerical-loss ce without --del-logits-free). Flags
     del_megatron cannot train with are refused here, before any model exists (support.py)."""
     resume.install()  # a --load of other numerical-loss settings is announced (resume.py)
+    check_flags_need_a_loss(args)
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss == "ce" and not logits_free:
         return None

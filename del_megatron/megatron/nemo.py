@@ -28,6 +28,7 @@ import torch
 from ..loss import NumericalLossConfig
 from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
+from .given_ids import api_vocab, tokenizer_vocab
 from .hook import check_model_config, config_fields, register
 from .logits_free import set_on_model_config as set_logits_free
 from .logits_free import weight_gradient_of
@@ -123,6 +124,7 @@ def enable_numerical_loss(
     slot_logits: str = DEFAULT_SLOT_LOGITS,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
+    single_digits_only: bool = False,
     logits_free: Union[bool, str] = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a NeMo 2 `llm.GPTModel` (or any LightningModule with a
@@ -131,24 +133,22 @@ def enable_numerical_loss(
     plain attributes, both loss reductions become the DEL ones (logging through `model.log`),
     and the loss hook is registered. Digit ids come from `vocab`, else `tokenizer`, else
     `model.tokenizer` (NeMo's tokenizers wrap a Hugging Face or SentencePiece one);
-    slot_logits picks a chunking tokenizer's slot rule (docs/DEL.md).
+    slot_logits picks a chunking tokenizer's slot rule (docs/DEL.md); single_digits_only=True
+    gives the term to its single-digit tokens only. A vocab given is held against the tokenizer
+    when there is one.
 
     The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
     normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
     and Megatron-LM's. logits_free=True computes the same loss from the output layer's input,
     without the [s, b, V/tp] logits (megatron-core >= 0.18); a route name ("auto", "forward",
     "backward") also picks where the weight gradient is formed (True is "auto")."""
-    if vocab is None:
-        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
-        if tokenizer is None:
-            raise ValueError("enable_numerical_loss needs the tokenizer or vocab=DigitVocab(...)")
-        try:
-            vocab = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
-        except TypeError:
-            if inner is None:
-                raise
-            vocab = DigitVocab.from_tokenizer(inner, allow_multi_digit_tokens)
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if vocab is None and tokenizer is None:
+        raise ValueError("enable_numerical_loss needs the tokenizer or vocab=DigitVocab(...)")
+    inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
+    if inner is not None and tokenizer_vocab(tokenizer, True) is None:
+        tokenizer = inner  # the library tokenizer NeMo's wraps
+    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, single_digits_only)
     cfg = NumericalLossConfig(
         loss=loss,
         alpha=alpha,

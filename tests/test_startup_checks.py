@@ -1,0 +1,199 @@
+"""What a Megatron-LM run checks and says once before iteration 1: digit ids given by flag held
+against the run's tokenizer (given_ids.py), --del-* flags without a loss, the startup report."""
+
+import argparse
+import logging
+
+import pytest
+from tokenizers import Tokenizer
+
+import del_megatron as dm
+from del_megatron import megatron as dmm
+
+from .test_tokenizers import CORPUS, LLAMA3_TOKENIZER
+
+
+def parse(argv):
+    return dmm.add_arguments(argparse.ArgumentParser()).parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def one_digit():
+    """A byte-level BPE with every digit its own token (trained here), and its DigitVocab."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    return tok, dm.DigitVocab.from_tokenizer(tok)
+
+
+def flags(*ids, points=None, extra=()):
+    argv = ["--numerical-loss", "del", "--del-digit-token-ids", *map(str, ids), *extra]
+    if points is not None:
+        argv += ["--del-decimal-point-token-ids", *map(str, points)]
+    return parse(argv)
+
+
+def test_the_tokenizers_own_ids_are_accepted_and_said_to_match(one_digit, caplog):
+    tok, vocab = one_digit
+    with caplog.at_level(logging.INFO, logger="del_megatron"):
+        cfg = dmm.config_from_args(flags(*vocab.digit_ids, points=vocab.decimal_point_ids), tok)
+    assert cfg.vocab == vocab
+    assert "--del-digit-token-ids match the run's tokenizer" in caplog.text
+
+
+def test_ids_from_another_tokenizer_stop_the_run_naming_both_sets(one_digit):
+    tok, vocab = one_digit
+    wrong = [i + 1 for i in vocab.digit_ids]
+    with pytest.raises(ValueError) as err:
+        dmm.config_from_args(flags(*wrong), tok)
+    mine, theirs = " ".join(map(str, wrong)), " ".join(map(str, vocab.digit_ids))
+    assert f"gives digit ids {mine}, but the run's tokenizer has '0'..'9' at {theirs}" in str(
+        err.value
+    )
+
+
+def test_a_decimal_point_id_that_is_not_a_point_is_refused(one_digit):
+    tok, vocab = one_digit
+    letter = tok.token_to_id("x")
+    with pytest.raises(ValueError, match=rf"{letter} are not '\.' in the run's tokenizer"):
+        dmm.config_from_args(flags(*vocab.digit_ids, points=[letter]), tok)
+    with pytest.raises(ValueError, match="--del-decimal-point-token-ids gives decimal-point"):
+        dmm.config_from_args(parse(["--numerical-loss", "del", "--del-decimal-point-token-ids",
+                                    str(letter)]), tok)  # fmt: skip
+
+
+def test_explicit_ids_on_a_chunking_tokenizer_are_refused_with_the_flag_to_use():
+    tok = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
+    vocab = dm.DigitVocab.from_tokenizer(tok)
+    with pytest.raises(ValueError) as err:
+        dmm.config_from_args(flags(*vocab.digit_ids), tok)
+    assert "skip every digit of its 1,100 two- and three-digit tokens" in str(err.value)
+    assert "add --del-single-digits-only" in str(err.value)
+    # what the message advises: no ids, or the single digits by flag
+    assert dmm.config_from_args(parse(["--numerical-loss", "del"]), tok).vocab == vocab
+    single = parse(["--numerical-loss", "del", "--del-single-digits-only"])
+    assert dmm.config_from_args(single, tok).vocab == vocab.single_digits_only()
+
+
+@pytest.mark.parametrize("flag", ["--del-single-digits-only", "--del-allow-multi-digit-tokens"])
+def test_flags_that_do_nothing_beside_explicit_ids_are_refused(flag):
+    args = flags(*range(10), extra=[flag])
+    args.tokenizer_type = "NullTokenizer"
+    with pytest.raises(ValueError, match=f"{flag} does nothing beside --del-digit-token-ids"):
+        dmm.config_from_args(args, tokenizer=object())
+
+
+def test_without_a_tokenizer_with_text_the_ids_are_used_and_said_unchecked(caplog):
+    args = flags(*range(10, 20), points=[3])
+    args.tokenizer_type = "NullTokenizer"
+    with caplog.at_level(logging.INFO, logger="del_megatron"):
+        cfg = dmm.config_from_args(args, tokenizer=object())
+    assert cfg.vocab == dm.DigitVocab(range(10, 20), [3])
+    assert "10 11 12 13 14 15 16 17 18 19 used as given, not checked" in caplog.text
+
+
+def test_a_merging_tokenizer_with_explicit_ids_still_needs_the_opt_in():
+    from .test_megatron_glue import digit_grouping_bpe
+
+    tok = digit_grouping_bpe()
+    vocab = dm.DigitVocab.from_tokenizer(tok, allow_multi_digit_tokens=True)
+    with pytest.raises(ValueError, match="merges digits.*--del-allow-multi-digit-tokens"):
+        dmm.config_from_args(flags(*vocab.digit_ids), tok)
+    opted = flags(*vocab.digit_ids, extra=["--del-allow-multi-digit-tokens"])
+    assert dmm.config_from_args(opted, tok).vocab.digit_ids == vocab.digit_ids
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--del-alpha", "0.1", "--del-reduction", "token"], "--del-alpha, --del-reduction set"),
+        (["--del-digit-token-ids", *map(str, range(10))], "--del-digit-token-ids set"),
+        (["--del-slot-logits", "any" if dmm.add_arguments(argparse.ArgumentParser())
+          .parse_args([]).del_slot_logits == "length" else "length"], "--del-slot-logits set"),
+    ],
+)  # fmt: skip
+def test_del_flags_without_a_numerical_loss_are_refused_with_the_flag_to_add(argv, named):
+    from del_megatron.megatron.lm import register_from_args
+
+    args = parse(argv)
+    with pytest.raises(ValueError, match=f"{named}, but --numerical-loss is ce.*add --numer"):
+        register_from_args(args, tokenizer=None)
+    with pytest.raises(ValueError, match="add --numerical-loss del"):
+        dmm.config_from_args(args)
+    # --del-logits-free acts on CE too; the defaults alone are plain CE
+    assert dmm.config_from_args(parse(["--del-logits-free"])).loss == "ce"
+    assert register_from_args(parse([]), tokenizer=None) is None
+
+
+def test_the_startup_report_names_loss_weight_reduction_slot_rule_and_ids(caplog):
+    from del_megatron.megatron.hook import settings_line
+
+    chunked = dm.DigitVocab.from_tokenizer(Tokenizer.from_file(str(LLAMA3_TOKENIZER)))
+    cfg = dm.NumericalLossConfig(alpha=0.1, vocab=chunked, slot_logits="length")
+    line = settings_line(cfg)
+    assert line.startswith(
+        "del_megatron: del (alpha 0.1 on the mean term over digit targets, digit reduction) on "
+        f"digit ids {list(chunked.digit_ids)}, decimal points {list(chunked.decimal_point_ids)}"
+    )
+    assert line.endswith("1100 multi-digit tokens, slot rule length")
+    one = dm.NumericalLossConfig(
+        loss="dist2", alpha=0.3, vocab=dm.DigitVocab(range(10), [12]), reduction="token",
+        digit_share=0.25,
+    )  # fmt: skip
+    assert settings_line(one) == (
+        "del_megatron: dist2 (alpha 0.3 on the mean term over digit targets, token reduction, "
+        "digit share 0.25) on digit ids [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], decimal points [12]"
+    )
+
+
+def test_a_zero_weight_is_accepted_with_a_note_and_bad_weights_are_refused(caplog):
+    import numpy as np
+    import torch
+
+    args = flags(*range(10), extra=["--del-alpha", "0"])
+    args.tokenizer_type = "NullTokenizer"
+    with caplog.at_level(logging.INFO, logger="del_megatron"):
+        cfg = dmm.config_from_args(args, tokenizer=object())
+        dmm.register(cfg)
+        dmm.unregister()
+    assert cfg.alpha == 0.0 and "alpha is 0: the del term is computed" in caplog.text
+    for bad in ("nan", "inf", "-0.1"):
+        args.del_alpha = float(bad)
+        with pytest.raises(ValueError, match="--del-alpha must be a finite number >= 0"):
+            dmm.config_from_args(args, tokenizer=object())
+    for weight in (np.float32(0.25), torch.tensor(0.25), 1):  # any real number type
+        assert dm.NumericalLossConfig(alpha=weight, vocab=cfg.vocab).alpha == float(weight)
+
+
+def test_bridge_and_nemo_hold_a_vocab_given_against_their_tokenizer(one_digit, caplog):
+    """given_ids.api_vocab, which both enable_numerical_loss calls make."""
+    from del_megatron.megatron.given_ids import api_vocab
+
+    tok, vocab = one_digit
+    assert api_vocab(vocab, tok, False, False) == vocab
+    assert api_vocab(None, tok, False, False) == vocab
+    wrong = dm.DigitVocab([i + 1 for i in vocab.digit_ids], vocab.decimal_point_ids)
+    with pytest.raises(ValueError, match="vocab= gives digit ids .* the ids are from another"):
+        api_vocab(wrong, tok, False, False)
+    llama3 = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
+    chunked = dm.DigitVocab.from_tokenizer(llama3)
+    with pytest.raises(ValueError, match="pass single_digits_only=True instead"):
+        api_vocab(chunked.single_digits_only(), llama3, False, False)
+    assert api_vocab(None, llama3, False, True) == chunked.single_digits_only()
+    assert api_vocab(chunked, llama3, False, False) == chunked
+    with pytest.raises(ValueError, match="single_digits_only=True does nothing beside vocab="):
+        api_vocab(chunked, llama3, False, True)
+    with caplog.at_level(logging.INFO, logger="del_megatron"):
+        assert api_vocab(wrong, None, False, False) == wrong  # no tokenizer: as given, said
+    assert "used as given, not checked" in caplog.text
