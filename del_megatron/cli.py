@@ -10,13 +10,14 @@ del-megatron compare --out runs/compare      # every loss x 5 seeds, means and 9
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import warnings
-from dataclasses import fields
-from typing import Callable, List, Optional, Sequence
+from dataclasses import Field, fields
+from typing import Callable, Iterator, List, Optional, Sequence
 
 from .demo.config import (
     CHUNKED,
@@ -26,11 +27,14 @@ from .demo.config import (
     POSITIVE,
     SINGLE_DIGIT_DEL,
     TrainConfig,
+    check_out_dir,
+    check_setting,
 )
 from .loss import LOSSES
 from .ports import free_port
 from .quick_exit import skip_final_collections
 from .slots import RULES
+from .weights import check_weight
 
 # What the demo trains: every loss, and DEL on single-digit tokens only (for chunking tokenizers).
 DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
@@ -39,20 +43,52 @@ DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
 # imported inside the command that needs it: `del-megatron --help` and bad arguments stay fast.
 
 
+def _parsed(kind: Callable, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+
+
 def _number(kind: Callable, bound: str) -> Callable[[str], object]:
-    """argparse type: an int/float that is positive (> 0) or non-negative (>= 0)."""
+    """argparse type: an int that is positive (> 0) or non-negative (>= 0)."""
 
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        value = _parsed(kind, text)
         if value < 0 or (bound == POSITIVE and value == 0):
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     parse.__name__ = f"{bound} {kind.__name__}"
     return parse
+
+
+def _ruled(kind: Callable, rule: Callable[[object, str], object], name: str) -> Callable:
+    """argparse type: a number that `rule(value, name)` accepts (del_megatron.weights' rules,
+    TrainConfig's ranges); its refusal, less the leading name, is the one-line error."""
+
+    def parse(text: str):
+        value = _parsed(kind, text)
+        try:
+            return rule(value, name)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name} ")) from None
+
+    parse.__name__ = f"{name} {kind.__name__}"
+    return parse
+
+
+def _setting_type(f: Field, kind: Callable) -> Callable:
+    """argparse type of the TrainConfig setting `f`: the range TrainConfig itself checks."""
+    return _ruled(kind, lambda value, _: check_setting(f, value), f.name)
+
+
+def _out_dir(text: str) -> str:
+    """argparse type: a folder to write into (new or existing), not a file."""
+    try:
+        return check_out_dir(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _existing(what: str, want_file: bool, keyword: str = "") -> Callable[[str], str]:
@@ -94,17 +130,48 @@ def _train_flags(args, skip: Sequence[str] = ()) -> List[str]:
 
 
 def _check(args) -> int:
+    from .preflight import report
+
+    result, data = _read_for_check(args)
+    print(report(result, args.loss, args.alpha, data))
+    if not result.ok and args.data_path is not None:
+        print("--data-path not measured: counting digit targets needs a tokenizer with digit ids")
+    return 0 if result.ok else 1
+
+
+@contextlib.contextmanager
+def _bad_input(what: str, fix: str) -> Iterator[None]:
+    """Any crash reading `what` as one line (a ValueError: exit 2) that names it and the fix."""
+    try:
+        yield
+    except (FileNotFoundError, ValueError):
+        raise
+    except Exception as exc:
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ValueError(f"{what} cannot be read ({why}): {fix}") from exc
+
+
+def _read_for_check(args):
+    """(preflight.Preflight, the --data-path's BlendShare or None) for `check`'s arguments."""
     from .data_share import parse_data_path
-    from .preflight import check_tokenizer, measure_data, report
+    from .preflight import check_tokenizer, measure_data
 
     if args.data_path is not None:  # its mistakes are named before the tokenizer loads
         parse_data_path(args.data_path)
-    result = check_tokenizer(args.tokenizer, args.tokenizer_type, args.allow_multi_digit_tokens)
-    data = None
-    if args.data_path is not None:
-        data = measure_data(result, args.data_path, args.sample_tokens)
-    print(report(result, args.loss, args.alpha, data))
-    return 0 if result.ok else 1
+    files = [f for f in (args.tokenizer, args.vocab_file, args.merge_file) if f is not None]
+    what = " and ".join(map(repr, files)) or f"--tokenizer-type {args.tokenizer_type}"
+    with _bad_input(what, "give the tokenizer your run loads, as Megatron-LM's flags name it"):
+        result = check_tokenizer(
+            args.tokenizer,
+            args.tokenizer_type,
+            args.allow_multi_digit_tokens,
+            vocab_file=args.vocab_file,
+            merge_file=args.merge_file,
+        )
+    if args.data_path is None or not result.ok:
+        return result, None
+    with _bad_input("--data-path " + " ".join(args.data_path), "give the run's --data-path"):
+        return result, measure_data(result, args.data_path, args.sample_tokens)
 
 
 def _prepare(args) -> int:
@@ -240,7 +307,7 @@ def _add_train_args(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -
         default = getattr(defaults, f.name)
         parser.add_argument(
             _flag(f.name),
-            type=_number(type(default), f.metadata["bound"]),
+            type=_setting_type(f, type(default)),
             default=default,
             help=f"{f.metadata['help']} (default {default})",
         )
@@ -309,7 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"recommended for it (the DEL paper's: {SENTENCEPIECE.alpha:g} for SentencePiece "
         f"tokenizers like Llama-2, CodeLlama and Mistral 7B; {DEFAULT_ALPHA:g} for byte-level "
         f"BPE like Qwen-2.5 and DeepSeek, and for families no paper run used), and print the "
-        "flags to add to pretrain_gpt.py. Exit status 1 when the tokenizer cannot serve DEL.",
+        "flags to add to pretrain_gpt.py.",
+        epilog="Exit status: 0 the tokenizer can serve DEL (its flags printed); 1 it cannot "
+        "(the reason printed); 2 bad input or usage (a flag, a missing file, a file that is not "
+        "the tokenizer it should be: one line on stderr naming it).",
     )
     check.add_argument(
         "--tokenizer",
@@ -322,13 +392,29 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--tokenizer-type",
         default=None,
-        help="Megatron-LM's --tokenizer-type (e.g. HuggingFaceTokenizer, NullTokenizer)",
+        help="Megatron-LM's --tokenizer-type (e.g. HuggingFaceTokenizer, GPT2BPETokenizer, "
+        "NullTokenizer)",
+    )
+    check.add_argument(
+        "--vocab-file",
+        type=_existing("--vocab-file", want_file=True),
+        default=None,
+        help="GPT2BPETokenizer's vocab.json (Megatron-LM's --vocab-file; implies "
+        "--tokenizer-type GPT2BPETokenizer)",
+    )
+    check.add_argument(
+        "--merge-file",
+        type=_existing("--merge-file", want_file=True),
+        default=None,
+        help="GPT2BPETokenizer's merges.txt (Megatron-LM's --merge-file)",
     )
     check.add_argument(
         "--allow-multi-digit-tokens",
+        "--del-allow-multi-digit-tokens",
         action="store_true",
-        help="accept a tokenizer that merges digits: DEL then applies to its single-digit "
-        "tokens only (adds --del-allow-multi-digit-tokens)",
+        help="accept a tokenizer whose numbers hold other tokens than the ten digits (digits "
+        "merged, or GPT-2's tokens for a digit after a space): DEL then applies to its bare "
+        "single-digit tokens only (adds --del-allow-multi-digit-tokens to the flags)",
     )
     check.add_argument(
         "--loss",
@@ -338,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--alpha",
-        type=_number(float, NON_NEGATIVE),
+        type=_ruled(float, check_weight, "alpha"),
         default=None,
         help="the weight to put in the flags (default: the one recommended for the "
         f"tokenizer's family; --del-alpha itself defaults to {DEFAULT_ALPHA:g})",
@@ -362,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_check)
 
     prep = sub.add_parser("prepare", help="write the corpus as a Megatron indexed dataset")
-    prep.add_argument("--out", required=True, help="folder to write the dataset into")
+    prep.add_argument(
+        "--out", required=True, type=_out_dir, help="folder to write the dataset into"
+    )
     prep.add_argument(
         "--seed", type=seed, default=1234, help="seed of the synthetic corpus (default 1234)"
     )
@@ -376,7 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
         "under torchrun (TP = --nproc, gloo), score the held-out problems during training and "
         "at the end, and write results.json and results.png into --out.",
     )
-    demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    demo.add_argument(
+        "--out", default="runs/demo", type=_out_dir, help="output folder (default runs/demo)"
+    )
     demo.add_argument(
         "--losses",
         nargs="+",
@@ -406,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
         "0.3, dist2 as del); LOSS@W sets W (repeat a loss to sweep it).",
     )
     compare.add_argument(
-        "--out", default="runs/compare", help="output folder (default runs/compare)"
+        "--out", default="runs/compare", type=_out_dir, help="output folder (default runs/compare)"
     )
     compare.add_argument(
         "--losses",
@@ -442,7 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_existing("data dir", want_file=False),
         help="a folder written by prepare",
     )
-    train.add_argument("--out-dir", required=True, help="where metrics.json and checkpoints go")
+    train.add_argument(
+        "--out-dir", required=True, type=_out_dir, help="where metrics.json and checkpoints go"
+    )
     train.add_argument("--loss", default="del", choices=DEMO_LOSSES, help="the loss (default del)")
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     _slot_logits_arg(train)

@@ -1,9 +1,10 @@
 """`del-megatron check`: what a run's tokenizer means for DEL, in seconds, before the job.
 
-Given a tokenizer file (what DigitVocab.from_tokenizer reads) or Megatron-LM's
-`--tokenizer-type` / `--tokenizer-model` pair, report the digit and decimal-point ids, whether
-numbers are split one digit per token, the tokenizer's family with the DEL weight (alpha)
-recommended for it, and the Megatron-LM flags to add. With Megatron-LM's `--data-path`, also
+Given a tokenizer file (what DigitVocab.from_tokenizer reads), Megatron-LM's
+`--tokenizer-type` / `--tokenizer-model` pair, or GPT2BPETokenizer's `--vocab-file` and
+`--merge-file`, report the digit and decimal-point ids, whether numbers are split one digit per
+token, the tokenizer's family with the DEL weight (alpha) recommended for it, and the
+Megatron-LM flags to add. With Megatron-LM's `--data-path`, also
 the share of the data's label positions that are digit targets (del_megatron.data_share), and
 the flags of the token reduction that uses it.
 """
@@ -11,10 +12,18 @@ the flags of the token reduction that uses it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
-from .tokenizers import QWEN_PATTERN, OffsetEncoding, digit_vocab_from_tokenizer, load_tokenizer
+from .tokenizers import (
+    QWEN_PATTERN,
+    MultiDigitTokens,
+    OffsetEncoding,
+    digit_vocab_from_tokenizer,
+    load_gpt2_bpe,
+    load_tokenizer,
+    spaced_digit_tokens,
+)
 from .vocab import DigitVocab
 
 # `--del-alpha`'s default (del_megatron/megatron/args.py): the smaller of the DEL paper's two
@@ -109,13 +118,16 @@ MEGATRON_TOKENIZER_TYPES = {
     "TikTokenizer": "a .tiktoken rank file or a tekken JSON",
     "HuggingFaceTokenizer": "a folder with tokenizer.json (or the file)",
 }
+# The --tokenizer-type that reads GPT-2's vocab.json and merges.txt (--vocab-file, --merge-file).
+GPT2_BPE = "GPT2BPETokenizer"
 NO_TEXT_TYPES = ("NullTokenizer", "NullMultimodalTokenizer")
 
 
 @dataclass
 class Preflight:
     """The outcome of a check: ids found (None when the tokenizer cannot serve DEL), whether
-    digits are split, and what to tell the user."""
+    numbers split as DEL needs without the multi-digit opt-in (one digit a token, or chunks),
+    and what to tell the user."""
 
     digit_ids: Optional[List[int]]
     decimal_point_ids: List[int]
@@ -152,14 +164,64 @@ class Preflight:
         return " ".join(flags)
 
 
+def _unknown_type(tokenizer_type: str) -> ValueError:
+    known = ", ".join(sorted([*MEGATRON_TOKENIZER_TYPES, GPT2_BPE]) + list(NO_TEXT_TYPES))
+    return ValueError(f"--tokenizer-type {tokenizer_type!r}: this check reads {known}")
+
+
+def _load(
+    path: Optional[str],
+    tokenizer_type: Optional[str],
+    vocab_file: Optional[str],
+    merge_file: Optional[str],
+    tiktoken_pattern: str,
+) -> Tuple[Any, str]:
+    """(the tokenizer, how to name it) from Megatron-LM's tokenizer flags."""
+    gpt2_files = vocab_file is not None or merge_file is not None
+    if tokenizer_type == GPT2_BPE or (tokenizer_type is None and gpt2_files):
+        if path is not None:
+            raise ValueError(
+                f"{GPT2_BPE} reads --vocab-file and --merge-file, not --tokenizer-model: drop "
+                f"--tokenizer-model {path}"
+            )
+        if vocab_file is None or merge_file is None:
+            raise ValueError(
+                f"{GPT2_BPE} needs both --vocab-file (its vocab.json) and --merge-file (its "
+                "merges.txt)"
+            )
+        return load_gpt2_bpe(vocab_file, merge_file), f"{vocab_file} + {merge_file}"
+    if tokenizer_type is not None and tokenizer_type not in MEGATRON_TOKENIZER_TYPES:
+        raise _unknown_type(tokenizer_type)
+    if gpt2_files:
+        raise ValueError(
+            f"--vocab-file and --merge-file are {GPT2_BPE}'s files; --tokenizer-type "
+            f"{tokenizer_type} reads --tokenizer-model only: drop them, or pass --tokenizer-type "
+            f"{GPT2_BPE}"
+        )
+    if path is None:
+        raise ValueError("give the tokenizer file (--tokenizer / --tokenizer-model)")
+    return load_tokenizer(path, tiktoken_pattern), path
+
+
+def _spaced_note(tok: Any) -> str:
+    spaced = spaced_digit_tokens(tok)
+    if not spaced:
+        return ""
+    shown = ", ".join(repr(t) for _, t in spaced[:4])
+    return f"; its tokens for a digit after a space ({shown}) are no digit targets"
+
+
 def check_tokenizer(
     path: Optional[str],
     tokenizer_type: Optional[str] = None,
     allow_multi_digit_tokens: bool = False,
     tiktoken_pattern: str = QWEN_PATTERN,
+    vocab_file: Optional[str] = None,
+    merge_file: Optional[str] = None,
 ) -> Preflight:
     """Check the tokenizer at `path` (Megatron-LM's --tokenizer-model when tokenizer_type, its
-    --tokenizer-type, is given). Files that do not exist or cannot be read raise."""
+    --tokenizer-type, is given), or GPT2BPETokenizer's vocab_file and merge_file (--vocab-file,
+    --merge-file). Files that do not exist or cannot be read raise."""
     if tokenizer_type in NO_TEXT_TYPES:
         return Preflight(
             None,
@@ -169,34 +231,32 @@ def check_tokenizer(
             "--del-digit-token-ids with the ids your data uses for '0'..'9' "
             "(and --del-decimal-point-token-ids for '.')",
         )
-    if tokenizer_type is not None and tokenizer_type not in MEGATRON_TOKENIZER_TYPES:
-        known = ", ".join(sorted(MEGATRON_TOKENIZER_TYPES) + list(NO_TEXT_TYPES))
-        raise ValueError(f"--tokenizer-type {tokenizer_type!r}: this check reads {known}")
-    if path is None:
-        raise ValueError("give the tokenizer file (--tokenizer / --tokenizer-model)")
-    tok = load_tokenizer(path, tiktoken_pattern)
+    tok, name = _load(path, tokenizer_type, vocab_file, merge_file, tiktoken_pattern)
     try:
         vocab = digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens=False)
-        split = True
-    except ValueError as refused:
-        if not allow_multi_digit_tokens or "merges digits" not in str(refused):
+        how, split = "one digit per token", True
+    except MultiDigitTokens as refused:
+        if not allow_multi_digit_tokens:
             return Preflight(None, [], False, str(refused))
         try:
             vocab = digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens=True)
         except ValueError as still_refused:
             return Preflight(None, [], False, str(still_refused))
-        split = False
-    how = "one digit per token" if split else "MERGED into multi-digit tokens (DEL: single digits)"
+        how, split = f"{refused.how} (DEL: single-digit tokens only)", False
+    except ValueError as refused:
+        return Preflight(None, [], False, str(refused))
     if vocab.chunked:
         how = (
             "in chunks of up to three digits, left to right, with all 1,110 number tokens "
             "(a chunking tokenizer: DEL gives every digit its own term)"
         )
+    if not split:
+        how += _spaced_note(tok)
     return Preflight(
         list(vocab.digit_ids),
         list(vocab.decimal_point_ids),
-        split or vocab.chunked,
-        f"{path}: numbers tokenize {how}",
+        split,
+        f"{name}: numbers tokenize {how}",
         alpha_advice(tok),
         vocab.chunked,
         vocab,

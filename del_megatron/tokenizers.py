@@ -120,69 +120,144 @@ def _single_digit_ids(encode, decode, name: str) -> List[int]:
     return digit_ids
 
 
-def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False) -> DigitVocab:
-    """DigitVocab of `tok`: one digit a token, or a chunking vocab (all 1,110 number tokens,
-    numbers cut left to right in chunks of up to three; DigitVocab.multi_digit_ids) when the
-    tokenizer is one. Any other tokenizer that merges digits raises ValueError with the reason,
-    unless allow_multi_digit_tokens: then DEL applies to the single-digit tokens only (numbers
-    made of multi-digit tokens get no numerical term, and a run's places count tokens)."""
-    if isinstance(tok, (str, os.PathLike)):
-        tok = load_tokenizer(os.fspath(tok))
-    encode, decode = token_codec(tok)
-    name = type(tok).__name__
-    probe = _pieces(encode, decode, DIGITS_PROBE)
-    merged = _merged(probe) + [
-        m for text in NUMBER_PROBES for m in _merged(_pieces(encode, decode, text))
-    ]
-    multi_digit_ids: List[int] = []
-    if merged:
-        chunked, why_not = chunked_number_ids(encode, decode)
-        if chunked is not None:
-            multi_digit_ids = chunked
-            logger.info(
-                "del_megatron: %s cuts numbers into chunks of up to three digits; DEL gives "
-                "every digit of them its own term (docs/DEL.md)",
-                name,
-            )
-        elif not allow_multi_digit_tokens:
-            raise ValueError(
-                f"this {name} merges digits into multi-digit tokens (found "
-                f"{sorted(set(merged))[:8]}), but not as a chunking tokenizer does: {why_not}. "
-                "DEL needs one digit per token, or chunks of up to three cut left to right "
-                "with all 1,110 number tokens present (Llama-3, o200k, DeepSeek-V3). Use such "
-                "a tokenizer, give ids explicitly with DigitVocab(...) / --del-digit-token-ids, "
-                "or opt in with allow_multi_digit_tokens=True (--del-allow-multi-digit-tokens) "
-                "to apply DEL to single-digit tokens only"
-            )
-        else:
-            logger.warning(
-                "del_megatron: %s merges digits %s (%s); DEL applies to single-digit tokens only",
-                name,
-                sorted(set(merged))[:5],
-                why_not,
-            )
-        digit_ids = _single_digit_ids(encode, decode, name)
-    else:
-        tail = probe[1:]
-        if tuple(p for _, p in tail) != DIGIT_STRINGS:
-            raise ValueError(
-                f"{name} does not tokenize {DIGITS_PROBE!r} into single digits "
-                f"(got {[p for _, p in probe]}); give the ids explicitly with DigitVocab(...)"
-            )
-        digit_ids = [i for i, _ in tail]
+class MultiDigitTokens(ValueError):
+    """A tokenizer whose numbers hold tokens other than the ten digits (digits merged, or a
+    digit after a space as a token of its own): allow_multi_digit_tokens=True accepts it.
+    `how` says what it does, in a few words."""
 
-    points = set()
+    def __init__(self, message: str, how: str) -> None:
+        super().__init__(message)
+        self.how = how
+
+
+MERGED = "MERGED into multi-digit tokens"
+SPACED = "with a token of its own for a digit after a space"
+OPT_IN = (
+    "opt in with allow_multi_digit_tokens=True (--del-allow-multi-digit-tokens) to apply DEL "
+    "to the bare digits '0'..'9' only"
+)
+
+
+def _spaced(decode, token_id: int, digit: str) -> bool:
+    """Whether `token_id` is `digit` with whitespace around it (GPT-2's 'Ġ4'), not the digit."""
+    text = decode(token_id)
+    return text != digit and text.strip() == digit
+
+
+def _spaced_digits(encode, decode) -> List[Tuple[int, str]]:
+    """(id, text) of the tokens that are a digit after a space (' 4'), found by encoding them."""
+    found = []
+    for d in DIGIT_STRINGS:
+        ids = encode(" " + d)
+        if len(ids) == 1 and _spaced(decode, ids[0], d):
+            found.append((ids[0], decode(ids[0])))
+    return found
+
+
+def spaced_digit_tokens(tok: Any) -> List[Tuple[int, str]]:
+    """(id, text) of `tok`'s tokens for a digit after a space (GPT-2-style 'Ġ4', decoding to
+    ' 4'): with allow_multi_digit_tokens they are not digit targets."""
+    return _spaced_digits(*token_codec(tok))
+
+
+def _points_and_spaced(encode, decode, digit_ids: List[int], name: str) -> Tuple[set, set]:
+    """(ids of '.', ids of a digit after a space) in NUMBER_PROBES; ValueError if a digit has
+    another bare id there than `digit_ids`."""
+    points, spaced = set(), set()
     by_digit = dict(zip(DIGIT_STRINGS, digit_ids, strict=True))
     for text in NUMBER_PROBES:
         for i, piece in _pieces(encode, decode, text):
             if piece == ".":
                 points.add(i)
             elif piece in by_digit and i != by_digit[piece]:
+                if _spaced(decode, i, piece):
+                    spaced.add((i, decode(i)))
+                    continue
                 expected = by_digit[piece]
                 raise ValueError(
                     f"{name} gives digit {piece!r} the id {i} in {text!r} but {expected} inside "
                     "numbers: a digit must have one id; give the ids explicitly"
                 )
+    return points, spaced
+
+
+def _spaced_refusal(name: str, spaced: List[Tuple[int, str]], digit_ids: List[int]):
+    shown = ", ".join(f"{t!r} (id {i})" for i, t in spaced[:4])
+    return MultiDigitTokens(
+        f"this {name} has tokens of their own for a digit after a space ({shown}) beside the "
+        "digits '0'..'9': the first digit of a number after a space would get no DEL term. Use "
+        f"a tokenizer without them, {OPT_IN} (ids {' '.join(map(str, digit_ids))}; a digit "
+        "after a space is then no digit target)",
+        SPACED,
+    )
+
+
+def _number_digit_ids(encode, decode, name: str, allow: bool) -> Tuple[List[int], List[int]]:
+    """(ids of '0'..'9', ids of a chunking vocab's 1,100 number tokens or []) as
+    digit_vocab_from_tokenizer finds them."""
+    probe = _pieces(encode, decode, DIGITS_PROBE)
+    merged = _merged(probe) + [
+        m for text in NUMBER_PROBES for m in _merged(_pieces(encode, decode, text))
+    ]
+    if not merged:
+        tail = probe[1:]
+        if tuple(p for _, p in tail) != DIGIT_STRINGS:
+            raise ValueError(
+                f"{name} does not tokenize {DIGITS_PROBE!r} into single digits "
+                f"(got {[p for _, p in probe]}); give the ids explicitly with DigitVocab(...)"
+            )
+        return [i for i, _ in tail], []
+    chunked, why_not = chunked_number_ids(encode, decode)
+    if chunked is not None:
+        logger.info(
+            "del_megatron: %s cuts numbers into chunks of up to three digits; DEL gives "
+            "every digit of them its own term (docs/DEL.md)",
+            name,
+        )
+        return _single_digit_ids(encode, decode, name), chunked
+    if not allow:
+        raise MultiDigitTokens(
+            f"this {name} merges digits into multi-digit tokens (found "
+            f"{sorted(set(merged))[:8]}), but not as a chunking tokenizer does: {why_not}. "
+            "DEL needs one digit per token, or chunks of up to three cut left to right "
+            "with all 1,110 number tokens present (Llama-3, o200k, DeepSeek-V3). Use such "
+            "a tokenizer, or opt in with allow_multi_digit_tokens=True "
+            "(--del-allow-multi-digit-tokens) to apply DEL to single-digit tokens only (ids "
+            "given by hand need the opt-in too)",
+            MERGED,
+        )
+    logger.warning(
+        "del_megatron: %s merges digits %s (%s); DEL applies to single-digit tokens only",
+        name,
+        sorted(set(merged))[:5],
+        why_not,
+    )
+    return _single_digit_ids(encode, decode, name), []
+
+
+def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False) -> DigitVocab:
+    """DigitVocab of `tok`: one digit a token, or a chunking vocab (all 1,110 number tokens,
+    numbers cut left to right in chunks of up to three; DigitVocab.multi_digit_ids) when the
+    tokenizer is one. Any other tokenizer whose numbers hold other tokens (digits merged, or a
+    digit after a space as a token of its own, GPT-2's 'Ġ4') raises MultiDigitTokens (a
+    ValueError) with the reason, unless allow_multi_digit_tokens: then DEL applies to the bare
+    single-digit tokens only, as they are encoded inside numbers (numbers made of other tokens
+    get no numerical term, and a run's places count tokens)."""
+    if isinstance(tok, (str, os.PathLike)):
+        tok = load_tokenizer(os.fspath(tok))
+    encode, decode = token_codec(tok)
+    name = type(tok).__name__
+    digit_ids, multi_digit_ids = _number_digit_ids(encode, decode, name, allow_multi_digit_tokens)
+    points, spaced = _points_and_spaced(encode, decode, digit_ids, name)
+    spaced = sorted(spaced | set(_spaced_digits(encode, decode)), key=lambda s: s[1])
+    if spaced and not allow_multi_digit_tokens:
+        raise _spaced_refusal(name, spaced, digit_ids)
+    if spaced:
+        logger.warning(
+            "del_megatron: %s has tokens for a digit after a space %s; they are no digit targets",
+            name,
+            [t for _, t in spaced[:5]],
+        )
     if not points:
         logger.warning("del_megatron: %s has no '.' token inside numbers; no decimal points", name)
     return DigitVocab(digit_ids, sorted(points), multi_digit_ids)
@@ -211,6 +286,7 @@ class OffsetEncoding:
 
 def _tiktoken_file(path: str, pattern: str):
     import base64
+    import binascii
 
     import tiktoken
 
@@ -220,9 +296,16 @@ def _tiktoken_file(path: str, pattern: str):
             parts = line.split()
             if not parts:
                 continue
-            if len(parts) != 2:
-                raise ValueError(f"{path}:{line_no}: not a tiktoken rank line ('<base64> <rank>')")
-            ranks[base64.b64decode(parts[0])] = int(parts[1])
+            try:
+                if len(parts) != 2:
+                    raise ValueError
+                ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+            except (ValueError, binascii.Error):
+                raise ValueError(
+                    f"{path}:{line_no}: not a tiktoken rank line ('<base64> <rank>')"
+                ) from None
+    if not ranks:
+        raise ValueError(f"{path!r} holds no tiktoken ranks (lines '<base64> <rank>')")
     return tiktoken.Encoding(path, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
 
 
@@ -231,22 +314,79 @@ def _tekken_file(path: str, data: dict):
 
     import tiktoken
 
-    config = data["config"]
-    specials = config.get("default_num_special_tokens", 0)
-    n_ranks = config.get("default_vocab_size", len(data["vocab"]) + specials) - specials
-    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in data["vocab"][:n_ranks]}
-    encoding = tiktoken.Encoding(
-        path, pat_str=config["pattern"], mergeable_ranks=ranks, special_tokens={}
-    )
+    try:
+        config = data["config"]
+        specials = config.get("default_num_special_tokens", 0)
+        n_ranks = config.get("default_vocab_size", len(data["vocab"]) + specials) - specials
+        ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in data["vocab"][:n_ranks]}
+        encoding = tiktoken.Encoding(
+            path, pat_str=config["pattern"], mergeable_ranks=ranks, special_tokens={}
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f'{path!r} has a tekken "config" but is not a tekken JSON Mistral writes '
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     return OffsetEncoding(encoding, specials)
+
+
+# What a JSON tokenizer file holds, and the fix when a file does not.
+JSON_TOKENIZER = (
+    'a tokenizer.json is a JSON object with a "model", as Tokenizer.save of the tokenizers '
+    'library writes it (a tekken JSON one with a "config" and a "vocab"): give the file your '
+    "run's tokenizer is saved in"
+)
+
+
+def _json_file(path: str, expected: str = JSON_TOKENIZER, flag: str = "") -> Any:
+    """The JSON value in the file at `path`; ValueError naming it (after `flag`, the option
+    that gave it) and what it should hold when it is empty or no JSON."""
+    import json
+
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if not raw.strip():
+        raise ValueError(f"{flag}{path!r} is empty: {expected}")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{flag}{path!r} is not JSON ({exc}): {expected}") from None
+
+
+def _is_vocab_json(data: dict) -> bool:
+    """Whether `data` is a BPE vocab.json (token -> id; GPT-2's has a token "model" too)."""
+    return bool(data) and all(type(v) is int for v in data.values())
+
+
+def _json_tokenizer(path: str, data: Any):
+    """A tekken JSON or a Hugging Face tokenizer.json, from the parsed file."""
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string"}.get(type(data), "number or literal")
+        raise ValueError(f"{path!r} holds a JSON {kind} at its top: {JSON_TOKENIZER}")
+    if isinstance(data.get("config"), dict) and "pattern" in data["config"]:
+        return _tekken_file(path, data)
+    if _is_vocab_json(data):
+        raise ValueError(
+            f"{path!r} is a vocab.json (token -> id), not a tokenizer.json: for GPT-2's BPE "
+            f"pass --tokenizer-type GPT2BPETokenizer --vocab-file {path} --merge-file "
+            "merges.txt (the merges.txt saved with it)"
+        )
+    if "model" not in data:
+        what = "an empty JSON object" if not data else 'a JSON object without a "model"'
+        raise ValueError(f"{path!r} is {what}: {JSON_TOKENIZER}")
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # the tokenizers library raises plain Exception
+        raise ValueError(f"{path!r}: the tokenizers library cannot read it ({exc})") from None
 
 
 def load_tokenizer(path: str, tiktoken_pattern: str = QWEN_PATTERN):
     """A tokenizer object from a file: SentencePiece `.model`, tiktoken rank file
     (`.tiktoken`, e.g. Qwen's; `tiktoken_pattern` is its pre-tokenizer), Mistral tekken JSON,
-    Hugging Face `tokenizer.json` (or a folder holding one)."""
-    import json
-
+    Hugging Face `tokenizer.json` (or a folder holding one). A file that is none of them raises
+    ValueError naming it."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
     if os.path.isdir(path):
@@ -256,13 +396,7 @@ def load_tokenizer(path: str, tiktoken_pattern: str = QWEN_PATTERN):
     if path.endswith(".tiktoken"):
         return _tiktoken_file(path, tiktoken_pattern)
     if path.endswith(".json"):
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        if isinstance(data.get("config"), dict) and "pattern" in data["config"]:
-            return _tekken_file(path, data)
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(path)
+        return _json_tokenizer(path, _json_file(path))
     import sentencepiece
 
     try:
@@ -272,3 +406,58 @@ def load_tokenizer(path: str, tiktoken_pattern: str = QWEN_PATTERN):
             f"{path!r} is not a SentencePiece model, a .tiktoken rank file, a tekken JSON or a "
             "Hugging Face tokenizer.json"
         ) from exc
+
+
+GPT2_VOCAB = (
+    "a GPT-2 vocab.json is a JSON object of token -> id (--vocab-file; --merge-file takes the "
+    "merges.txt saved with it)"
+)
+
+
+def _gpt2_vocab(path: str) -> None:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--vocab-file {path!r} does not exist (or is not a file)")
+    data = _json_file(path, GPT2_VOCAB, "--vocab-file ")
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        raise ValueError(
+            f"--vocab-file {path!r} is a tokenizer.json: pass it as --tokenizer-model with "
+            "--tokenizer-type HuggingFaceTokenizer"
+        )
+    if not isinstance(data, dict) or not _is_vocab_json(data):
+        raise ValueError(f"--vocab-file {path!r} is not a GPT-2 vocab.json: {GPT2_VOCAB}")
+
+
+def _gpt2_merges(path: str) -> None:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--merge-file {path!r} does not exist (or is not a file)")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = [line.rstrip("\r\n") for line in fh]
+    merges = [line for line in lines if line and not line.startswith("#version")]
+    bad = next((line for line in merges if len(line.split(" ")) != 2), None)
+    if not merges or bad is not None:
+        found = f"e.g. {bad[:40]!r}" if bad is not None else "no merges"
+        raise ValueError(
+            f"--merge-file {path!r} is not a GPT-2 merges.txt (lines 'a b', one merge each; "
+            f"{found})"
+        )
+
+
+def load_gpt2_bpe(vocab_file: str, merge_file: str):
+    """Megatron-LM's GPT2BPETokenizer (its --vocab-file and --merge-file) as a
+    tokenizers.Tokenizer: GPT-2's byte-level BPE, with GPT-2's pre-tokenizer regex and no space
+    added before the text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    _gpt2_vocab(vocab_file)
+    _gpt2_merges(merge_file)
+    try:
+        model = models.BPE.from_file(vocab_file, merge_file)
+    except Exception as exc:  # the tokenizers library raises plain Exception
+        raise ValueError(
+            f"--vocab-file {vocab_file!r} and --merge-file {merge_file!r} are not one GPT-2 BPE "
+            f"({exc})"
+        ) from None
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok

@@ -101,7 +101,9 @@ class DigitVocab:
     @classmethod
     def from_tokenizer(cls, tok, allow_multi_digit_tokens: bool = False) -> DigitVocab:
         """Digit and '.' ids of a SentencePiece, Hugging Face, tiktoken or Megatron tokenizer
-        (or a tokenizer file's path), checked to split numbers one digit per token.
+        (or a tokenizer file's path), checked to split numbers one digit per token or in chunks
+        as Llama-3's does; allow_multi_digit_tokens accepts other tokens in numbers (digits
+        merged, GPT-2's 'Ġ4') and takes the bare digits '0'..'9' as the digit targets.
 
         The work is del_megatron.tokenizers.digit_vocab_from_tokenizer, which imports this
         module; it is imported here at call time only, so that vocab.py depends on nothing.

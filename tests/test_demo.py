@@ -56,8 +56,22 @@ def test_failed_prepare_leaves_nothing_behind(tmp_path, monkeypatch):
     [
         ("demo --steps -5", "argument --steps: must be positive, got -5"),
         ("demo --micro-batch 0", "argument --micro-batch: must be positive, got 0"),
-        ("demo --lr -0.1", "argument --lr: must be positive"),
+        ("demo --lr -0.1", "argument --lr: must be a finite learning rate > 0, got -0.1"),
+        ("demo --lr 0", "argument --lr: must be a finite learning rate > 0, got 0.0"),
+        ("demo --lr nan", "argument --lr: must be a finite learning rate > 0, got nan"),
+        ("demo --lr inf", "argument --lr: must be a finite learning rate > 0, got inf"),
+        ("demo --min-lr nan", "argument --min-lr: must be a finite learning rate >= 0, got nan"),
+        ("demo --min-lr -1", "argument --min-lr: must be a finite learning rate >= 0, got -1.0"),
         ("demo --alpha abc", "argument --alpha: 'abc' is not a float"),
+        ("demo --alpha nan", "argument --alpha: must be a finite number >= 0, got nan"),
+        ("demo --alpha=-inf", "argument --alpha: must be a finite number >= 0, got -inf"),
+        ("compare --lr inf", "argument --lr: must be a finite learning rate > 0, got inf"),
+        ("compare --min-lr nan", "argument --min-lr: must be a finite learning rate >= 0, got nan"),
+        ("train --data-dir . --out-dir x --alpha inf", "argument --alpha: must be a finite number"),
+        (
+            "train --data-dir . --out-dir x --lr nan",
+            "argument --lr: must be a finite learning rate",
+        ),
         ("demo --warmup -1", "argument --warmup: must be non-negative"),
         ("demo --nproc 0", "argument --nproc: must be positive"),
         ("demo --hidden 100 --heads 6", "--hidden 100 must be a multiple of --heads 6"),
@@ -72,11 +86,50 @@ def test_failed_prepare_leaves_nothing_behind(tmp_path, monkeypatch):
 )
 def test_bad_arguments_are_refused_before_anything_launches(tmp_path, capsys, argv, message):
     argv = argv.split()
-    if argv[0] == "demo":
+    if argv[0] in ("demo", "compare"):
         argv += ["--out", str(tmp_path / "out")]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_weights_and_learning_rates_of_zero_pass_where_zero_is_allowed(tmp_path):
+    from del_megatron.cli import parse_args
+
+    out = str(tmp_path / "out")
+    args = parse_args(["demo", "--out", out, "--alpha", "0", "--min-lr", "0"])
+    assert (args.alpha, args.min_lr, args.lr) == (0.0, 0.0, 0.002)
+    assert parse_args(["train", "--data-dir", ".", "--out-dir", out, "--alpha", "0"]).alpha == 0
+
+
+@pytest.mark.parametrize(
+    "setting, error, message",
+    [
+        (dict(alpha=float("nan")), ValueError, "alpha must be a finite number >= 0, got nan"),
+        (dict(alpha=float("inf")), ValueError, "alpha must be a finite number >= 0, got inf"),
+        (dict(alpha=-0.5), ValueError, "alpha must be a finite number >= 0, got -0.5"),
+        (dict(lr=float("inf")), ValueError, "lr must be a finite learning rate > 0, got inf"),
+        (dict(lr=0), ValueError, "lr must be a finite learning rate > 0, got 0"),
+        (dict(min_lr=float("nan")), ValueError, "min_lr must be a finite learning rate >= 0"),
+        (dict(min_lr=0.01), ValueError, "min_lr 0.01 must not exceed lr 0.002"),
+        (dict(steps=0), ValueError, "steps must be positive, got 0"),
+        (dict(warmup=-1), ValueError, "warmup must be non-negative, got -1"),
+        (dict(steps=1.5), TypeError, "steps must be a whole number, got 1.5"),
+    ],
+)
+def test_train_config_made_in_python_checks_its_ranges(setting, error, message):
+    from del_megatron.demo.config import TrainConfig
+
+    with pytest.raises(error) as refused:
+        TrainConfig("", "", **setting)
+    assert str(refused.value).startswith(message)
+
+
+def test_train_config_takes_a_weight_of_zero_and_a_final_rate_of_zero():
+    from del_megatron.demo.config import TrainConfig
+
+    cfg = TrainConfig("", "", alpha=0, min_lr=0)
+    assert (cfg.alpha, cfg.min_lr) == (0.0, 0.0) and type(cfg.alpha) is float
 
 
 def test_check_prints_the_flags_for_a_tokenizer(capsys):

@@ -6,9 +6,11 @@ import pytest
 
 from del_megatron import megatron as dmm
 from del_megatron.preflight import check_tokenizer, report
+from del_megatron.tokenizers import load_gpt2_bpe
 
 from .sentencepiece_models import train_sentencepiece_models
 from .test_megatron_glue import digit_grouping_bpe
+from .test_tokenizers import gpt2_bpe_files
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,8 @@ def test_a_merging_tokenizer_is_refused_unless_allowed(sentencepiece_files, tmp_
 def test_null_tokenizer_and_bad_input_name_the_fix(tmp_path):
     null = check_tokenizer(None, "NullTokenizer")
     assert not null.ok and "--del-digit-token-ids" in null.message
-    with pytest.raises(ValueError, match="GPT2BPETokenizer"):
-        check_tokenizer("x", "GPT2BPETokenizer")
+    with pytest.raises(ValueError, match="'BertWordPieceLowerCase': this check reads .*GPT2BPE"):
+        check_tokenizer("x", "BertWordPieceLowerCase")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_tokenizer(str(tmp_path / "missing.model"))
 
@@ -96,3 +98,44 @@ def test_the_family_decides_the_recommended_alpha(sentencepiece_files, tmp_path)
     assert "--del-alpha 0.3 " in byte_level.flags("ntl_was")  # NTL's authors' weight
     text = report(byte_level)
     assert "recommended --del-alpha 0.01 for del: the DEL paper's Qwen-2.5 and DeepSeek" in text
+
+
+def megatron_config(flags: str, tokenizer):
+    """The NumericalLossConfig a Megatron-LM run with `tokenizer` makes of `flags`."""
+    args = dmm.add_arguments(argparse.ArgumentParser()).parse_args(flags.split())
+    return dmm.config_from_args(args, tokenizer=tokenizer)
+
+
+def test_gpt2bpetokenizer_is_read_from_its_vocab_and_merge_files(tmp_path):
+    """Megatron-LM's GPT2BPETokenizer (--vocab-file, --merge-file): refused as it merges digits,
+    and with the opt-in the bare digits' ids of its vocab.json, its 'Ġ4' ones named as no digit
+    targets, in flags Megatron-LM parses back to those ids."""
+    import json
+
+    vocab_file, merge_file = gpt2_bpe_files(tmp_path)
+    ids = json.loads((tmp_path / "vocab.json").read_text(encoding="utf-8"))
+    files = dict(vocab_file=vocab_file, merge_file=merge_file)
+    refused = check_tokenizer(None, "GPT2BPETokenizer", **files)
+    assert not refused.ok and "merges digits" in refused.message
+    allowed = check_tokenizer(None, "GPT2BPETokenizer", allow_multi_digit_tokens=True, **files)
+    assert allowed == check_tokenizer(None, None, allow_multi_digit_tokens=True, **files)
+    assert allowed.digit_ids == [ids[str(d)] for d in range(10)]
+    assert allowed.decimal_point_ids == [ids["."]]
+    assert allowed.message.startswith(
+        f"{vocab_file} + {merge_file}: numbers tokenize MERGED into multi-digit tokens (DEL: "
+        "single-digit tokens only); its tokens for a digit after a space (' 0', ' 1', "
+    )
+    assert allowed.advice.alpha == 0.01 and not allowed.digits_split
+    cfg = megatron_config(allowed.flags(), load_gpt2_bpe(vocab_file, merge_file))
+    assert list(cfg.vocab.digit_ids) == allowed.digit_ids and cfg.alpha == 0.01
+    assert allowed.flags().endswith(" --del-allow-multi-digit-tokens")
+
+
+def test_gpt2bpetokenizer_flags_that_do_not_fit_are_refused(tmp_path):
+    vocab_file, merge_file = gpt2_bpe_files(tmp_path)
+    with pytest.raises(ValueError, match=r"GPT2BPETokenizer needs both --vocab-file \(its "):
+        check_tokenizer(None, "GPT2BPETokenizer", vocab_file=vocab_file)
+    with pytest.raises(ValueError, match="not --tokenizer-model: drop --tokenizer-model x.model"):
+        check_tokenizer("x.model", "GPT2BPETokenizer", vocab_file=vocab_file, merge_file=merge_file)
+    with pytest.raises(ValueError, match="--tokenizer-type HuggingFaceTokenizer reads "):
+        check_tokenizer(str(tmp_path), "HuggingFaceTokenizer", vocab_file=vocab_file)

@@ -4,12 +4,18 @@ trained here, and on Megatron-Core's own tokenizer wrapper."""
 import importlib.util
 import json
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 
 import del_megatron as dm
 from del_megatron.demo.text_tokenizer import LLAMA3_PATTERN
-from del_megatron.tokenizers import load_tokenizer
+from del_megatron.tokenizers import (
+    MultiDigitTokens,
+    load_gpt2_bpe,
+    load_tokenizer,
+    spaced_digit_tokens,
+)
 from del_megatron.vocab import NUM_MULTI_DIGIT, multi_digit_text
 
 MISTRAL_DATA = Path(importlib.util.find_spec("mistral_common").origin).parent / "data"
@@ -242,3 +248,138 @@ def test_bad_tokenizer_inputs(tmp_path):
     garbage.write_bytes(b"not a model")
     with pytest.raises(ValueError, match="is not a SentencePiece model"):
         load_tokenizer(str(garbage))
+
+
+# GPT-2's pre-tokenizer (ByteLevel's own regex) keeps a space with the number after it
+# (' ?\p{N}+'): trained on text whose numbers after a space are mostly one digit, BPE learns
+# 'Ġ4' (' 4') beside the bare '4', and 'x = 42.5' comes out as 'x', 'Ġ=', 'Ġ4', '2', '.', '5'.
+GPT2_CORPUS = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, x = {i % 10}.5 y" for i in range(300)]
+
+
+def gpt2_bpe_files(folder) -> Tuple[str, str]:
+    """(vocab.json, merges.txt) of a GPT-2-style byte-level BPE trained here, as
+    ByteLevelBPETokenizer.save_model writes them (Megatron-LM's --vocab-file, --merge-file)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(GPT2_CORPUS, vocab_size=400, show_progress=False)
+    vocab_file, merge_file = tok.save_model(str(folder))
+    return vocab_file, merge_file
+
+
+def test_gpt2_bpe_files_load_as_megatrons_gpt2bpetokenizer(tmp_path):
+    from tokenizers import ByteLevelBPETokenizer
+
+    vocab_file, merge_file = gpt2_bpe_files(tmp_path)
+    tok = load_gpt2_bpe(vocab_file, merge_file)
+    reference = ByteLevelBPETokenizer(vocab_file, merge_file)  # the library's own GPT-2 reader
+    text = "x = 42.5, 1234567 and pi 3.14159\n"
+    assert tok.encode(text).ids == reference.encode(text).ids
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_gpt2_bpe_opt_in_takes_the_bare_digits_not_those_after_a_space(tmp_path):
+    """The multi-digit opt-in on a BPE with 'Ġ4' beside '4' (it once failed on 'x = 42.5'): the
+    digit ids are the bare digits' as encoded inside numbers; 'Ġ0'..'Ġ9' are no digit targets."""
+    vocab_file, merge_file = gpt2_bpe_files(tmp_path)
+    ids = json.loads(Path(vocab_file).read_text(encoding="utf-8"))
+    tok = load_gpt2_bpe(vocab_file, merge_file)
+    assert tok.encode("x = 42.5").tokens == ["x", "Ġ=", "Ġ4", "2", ".", "5"]
+    with pytest.raises(MultiDigitTokens, match="merges digits into multi-digit tokens"):
+        dm.DigitVocab.from_tokenizer(tok)
+    vocab = dm.DigitVocab.from_tokenizer(tok, allow_multi_digit_tokens=True)
+    assert list(vocab.digit_ids) == [ids[str(d)] for d in range(10)]
+    assert vocab.decimal_point_ids == (ids["."],) and not vocab.chunked
+    spaced = {ids[f"Ġ{d}"]: f" {d}" for d in range(10) if f"Ġ{d}" in ids}
+    assert ids["Ġ4"] in spaced
+    assert dict(spaced_digit_tokens(tok)) == spaced
+    assert not set(spaced) & set(vocab.all_ids)
+
+
+def digit_with_space_bpe():
+    """A byte-level BPE that splits numbers one digit per token but keeps a space with a digit
+    after it (' ?\\p{N}'): 'Ġ0'..'Ġ9' beside '0'..'9'."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r" ?\p{N}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(GPT2_CORPUS, trainer)
+    return tok
+
+
+def test_a_token_for_a_digit_after_a_space_needs_the_opt_in():
+    """Digits one per token, but ' 4' a token of its own: a number after a space would start
+    with no digit term, so it is refused with what to pass; with the opt-in, the bare digits."""
+    tok = digit_with_space_bpe()
+    digits = [tok.token_to_id(str(d)) for d in range(10)]
+    spaced = [tok.token_to_id(f"Ġ{d}") for d in range(10)]
+    assert None not in spaced
+    with pytest.raises(MultiDigitTokens) as refused:
+        dm.DigitVocab.from_tokenizer(tok)
+    message = str(refused.value)
+    assert f"a digit after a space (' 0' (id {spaced[0]}), ' 1' (id {spaced[1]})" in message
+    assert "allow_multi_digit_tokens=True (--del-allow-multi-digit-tokens)" in message
+    assert f"(ids {' '.join(map(str, digits))};" in message
+    vocab = dm.DigitVocab.from_tokenizer(tok, allow_multi_digit_tokens=True)
+    assert list(vocab.digit_ids) == digits
+    assert vocab.decimal_point_ids == (tok.token_to_id("."),)
+
+
+FIX = (
+    'a tokenizer.json is a JSON object with a "model", as Tokenizer.save of the tokenizers '
+    'library writes it (a tekken JSON one with a "config" and a "vocab"): give the file your '
+    "run's tokenizer is saved in"
+)
+
+
+@pytest.mark.parametrize(
+    "content, problem, fix",
+    [
+        ("", "is empty", FIX),
+        ("[1, 2]", "holds a JSON list at its top", FIX),
+        ('"tokenizer"', "holds a JSON string at its top", FIX),
+        ("{}", "is an empty JSON object", FIX),
+        ('{"version": "1.0"}', 'is a JSON object without a "model"', FIX),
+        ("{not json", "is not JSON (Expecting property name enclosed in double quotes", FIX),
+        (
+            '{"a": 1, "b": 2}',
+            "is a vocab.json (token -> id), not a tokenizer.json",
+            "for GPT-2's BPE pass --tokenizer-type GPT2BPETokenizer --vocab-file {path} "
+            "--merge-file merges.txt (the merges.txt saved with it)",
+        ),
+    ],
+)
+def test_a_json_file_that_is_no_tokenizer_is_named_with_the_fix(tmp_path, content, problem, fix):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(content)
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(str(path))
+    message = str(refused.value)
+    assert message.startswith(f"'{path}' {problem}") and message.endswith(fix.format(path=path))
+
+
+def test_bad_gpt2_files_are_named(tmp_path):
+    vocab_file, merge_file = gpt2_bpe_files(tmp_path)
+    with pytest.raises(ValueError) as swapped:
+        load_gpt2_bpe(merge_file, vocab_file)
+    assert str(swapped.value).startswith(f"--vocab-file '{merge_file}' is not JSON (")
+    assert str(swapped.value).endswith(
+        ": a GPT-2 vocab.json is a JSON object of token -> id (--vocab-file; --merge-file takes "
+        "the merges.txt saved with it)"
+    )
+    with pytest.raises(ValueError, match=rf"--merge-file '{vocab_file}' is not a GPT-2 merges"):
+        load_gpt2_bpe(vocab_file, vocab_file)
+    with pytest.raises(FileNotFoundError, match="--merge-file '.*missing.txt' does not exist"):
+        load_gpt2_bpe(vocab_file, str(tmp_path / "missing.txt"))
+    Path(tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE"}}))
+    with pytest.raises(ValueError, match="is a tokenizer.json: pass it as --tokenizer-model"):
+        load_gpt2_bpe(str(tmp_path / "tokenizer.json"), merge_file)

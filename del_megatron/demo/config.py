@@ -1,13 +1,17 @@
 """The demo's training settings: one dataclass that the CLI turns into flags, with the range
-each numeric setting must lie in (checked by argparse before anything launches)."""
+each numeric setting must lie in (checked by argparse before anything launches, and by the
+dataclass itself when it is made in Python)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Mapping, Sequence
+import numbers
+import os
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..preflight import SENTENCEPIECE
 from ..slots import DEFAULT_SLOT_LOGITS
+from ..weights import check_learning_rate, check_weight
 
 # `--tokenizer chunked`: prepare trains a byte-level BPE that cuts numbers into chunks of up to
 # three digits, with Llama-3's pre-tokenizer (text_tokenizer.train_chunking_bpe).
@@ -23,8 +27,42 @@ WEIGHT_REDUCTION = "digit"
 POSITIVE, NON_NEGATIVE = "positive", "non-negative"
 
 
-def _setting(default, bound: str, help: str = ""):
-    return field(default=default, metadata={"bound": bound, "help": help})
+def _final_rate(value: Any, name: str) -> float:
+    return check_learning_rate(value, name, allow_zero=True)
+
+
+def _setting(default, bound: str, help: str = "", rule: Optional[Callable] = None):
+    """A numeric setting: an int within `bound`, or a float checked by `rule(value, name)`
+    (del_megatron.weights: a weight, a learning rate)."""
+    return field(default=default, metadata={"bound": bound, "help": help, "rule": rule})
+
+
+def _count(value: Any, name: str, bound: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < 0 or (bound == POSITIVE and value == 0):
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def check_setting(f: Field, value: Any) -> Any:
+    """`value` for the TrainConfig setting `f`, if it lies in the setting's range; else
+    ValueError (TypeError for a value of the wrong kind) naming the setting."""
+    rule = f.metadata["rule"]
+    return rule(value, f.name) if rule is not None else _count(value, f.name, f.metadata["bound"])
+
+
+def check_out_dir(path: str) -> str:
+    """`path` if a folder can be made or used there; ValueError naming the file in the way."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is" if existing == os.path.abspath(path) else f"lies in {existing!r}, which is"
+        raise ValueError(
+            f"output folder {path!r} {what} a file, not a folder: name a new or existing folder"
+        )
+    return path
 
 
 @dataclass
@@ -39,6 +77,7 @@ class TrainConfig:
         NON_NEGATIVE,
         "weight of the numerical term (`del-megatron check --tokenizer T` recommends one for "
         "a tokenizer T you bring)",
+        check_weight,
     )
     steps: int = _setting(1500, POSITIVE, "optimizer steps")
     micro_batch: int = _setting(16, POSITIVE, "sequences a step")
@@ -46,8 +85,10 @@ class TrainConfig:
     hidden: int = _setting(192, POSITIVE, "hidden size (a multiple of --heads)")
     layers: int = _setting(3, POSITIVE, "transformer layers")
     heads: int = _setting(6, POSITIVE, "attention heads (a multiple of the TP size)")
-    lr: float = _setting(2e-3, POSITIVE, "peak learning rate")
-    min_lr: float = _setting(2e-4, NON_NEGATIVE, "final learning rate of the cosine decay")
+    lr: float = _setting(2e-3, POSITIVE, "peak learning rate", check_learning_rate)
+    min_lr: float = _setting(
+        2e-4, NON_NEGATIVE, "final learning rate of the cosine decay", _final_rate
+    )
     warmup: int = _setting(50, NON_NEGATIVE, "warm-up steps (capped at steps / 5)")
     seed: int = _setting(1234, NON_NEGATIVE, "random seed")
     save_interval: int = _setting(250, POSITIVE, "steps between checkpoints")
@@ -69,6 +110,13 @@ class TrainConfig:
     reduction: str = WEIGHT_REDUCTION
     # A chunking tokenizer's slot rule (NumericalLossConfig.slot_logits; `--slot-logits`).
     slot_logits: str = DEFAULT_SLOT_LOGITS
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if "bound" in f.metadata:
+                setattr(self, f.name, check_setting(f, getattr(self, f.name)))
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr:g} must not exceed lr {self.lr:g}")
 
 
 # Fields that are not flags of their own (the CLI sets them by other means).

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .config import CHUNKED
+from .config import CHUNKED, check_out_dir
 from .corpus import read_jsonl, synthetic
 from .text_tokenizer import TextTokenizer, train_chunking_bpe, train_sentencepiece
 
@@ -35,6 +35,7 @@ def prepare(
     that cuts numbers into chunks of up to three digits (Llama-3's pre-tokenizer)."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
+    check_out_dir(out_dir)
     if corpus is not None and not os.path.isfile(corpus):
         raise FileNotFoundError(f"corpus {corpus!r} does not exist")
     trained = tokenizer is None or tokenizer == CHUNKED
