@@ -89,10 +89,12 @@ def alpha_advice(tok: Any) -> AlphaAdvice:
 
 # docs/results.md, the chunked-tokenizer comparison.
 CHUNKED_EVIDENCE = (
-    "chunking tokenizers: no paper run used one; in our CPU comparison (docs/results.md, alpha "
-    "0.1 on the mean digit term) DEL over every digit of a chunk scored below plain CE in every "
-    "seed, and so did DEL on the ten single-digit tokens only: A/B the flags below against "
-    "--numerical-loss ce, and against the same with --del-single-digits-only, before a long run"
+    "chunking tokenizers: no paper run used one; in our CPU comparison (docs/results.md, 5 "
+    "seeds, weights in the papers' unit) no DEL variant beat plain CE in digit accuracy (DEL on "
+    "single digits -0.010 [-0.023, +0.004], with slots 'length' -0.003 [-0.038, +0.031], 'any' "
+    "-0.001 [-0.018, +0.016]) and no slot rule beat single digits. The flags below train DEL on "
+    "the ten single-digit tokens (the default): A/B them against --numerical-loss ce, and "
+    "against the same with --del-slot-logits length, before a long run"
 )
 
 # What --del-alpha means under either reduction (NumericalLossConfig.alpha).
@@ -248,7 +250,8 @@ def check_tokenizer(
     if vocab.chunked:
         how = (
             "in chunks of up to three digits, left to right, with all 1,110 number tokens "
-            "(a chunking tokenizer: DEL gives every digit its own term)"
+            "(a chunking tokenizer: DEL on its ten single-digit tokens; --del-slot-logits "
+            "gives every digit of its multi-digit tokens a term too)"
         )
     if not split:
         how += _spaced_note(tok)

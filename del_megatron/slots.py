@@ -32,9 +32,11 @@ import torch
 from .vocab import CODE_LENGTH, NUM_DIGITS
 
 # How a slot's candidate tokens are chosen: "length" (the label's number of digits only, then
-# prefix-conditional: docs/DEL.md) or "any" (every length that has the slot).
+# prefix-conditional: docs/DEL.md) or "any" (every length that has the slot, del-megatron 0.2).
+# The entry points that read a tokenizer give a chunking one slots only when a rule is asked for
+# (--del-slot-logits); the default there is DEL on its single-digit tokens (docs/results.md).
 RULES = ("length", "any")
-DEFAULT_SLOT_LOGITS = "any"
+DEFAULT_SLOT_LOGITS = "length"
 
 # Places of the number tokens in DigitVocab.number_tokens() order: digit d at d, two-digit
 # value v at TWO + v, three-digit value v at THREE + v (leading zeros kept: "07" is TWO + 7).

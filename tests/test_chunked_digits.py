@@ -191,7 +191,7 @@ def test_worked_values_through_the_package():
     for hot, expected in ((0.0, 2.1480418), (3.0, 2.0529749)):
         logits = torch.zeros(1, 1, VOCAB_SIZE)
         logits[0, 0, ID_OF["12"]] = hot
-        cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED, **TOKEN_FORM)
+        cfg = dm.NumericalLossConfig(loss="del", vocab=CHUNKED, slot_logits="any", **TOKEN_FORM)
         parts = dm.loss_parts(labels, logits, cfg)
         assert float(parts.term) == pytest.approx(expected, abs=2e-7)
         assert parts.digit_count.tolist() == [[2]] and int(parts.n_digits) == 2
@@ -215,7 +215,7 @@ def test_megatron_telemetry_and_reduction_count_digits(reduction):
     )
     loss, num_tokens, report, _ = through_loss_func(labels, mask, logits, cfg)
     parts = dm.loss_parts(labels, logits, cfg)
-    ce, term = reference_lm_loss(labels, logits, CHUNKED, loss="del")
+    ce, term = reference_lm_loss(labels, logits, CHUNKED, loss="del", slot_rule=cfg.slot_logits)
     ce_sum, term_sum = ce[0, 0] + ce[0, 1] + ce[0, 3], term[0, 0] + term[0, 1]
     assert num_tokens.item() == 3
     assert report["digit tokens"].tolist() == [4.0, 1.0]
@@ -242,11 +242,13 @@ def test_megatron_flags_and_model_config_keep_the_number_tokens():
 
     tok = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
     parser = dmm.add_arguments(argparse.ArgumentParser())
-    cfg = dmm.config_from_args(parser.parse_args(["--numerical-loss", "del"]), tokenizer=tok)
+    slots = parser.parse_args(["--numerical-loss", "del", "--del-slot-logits", "length"])
+    cfg = dmm.config_from_args(slots, tokenizer=tok)
     assert cfg.vocab.chunked and len(cfg.vocab.multi_digit_ids) == 1100
-    single = parser.parse_args(["--numerical-loss", "del", "--del-single-digits-only"])
-    fallback = dmm.config_from_args(single, tokenizer=tok).vocab
-    assert not fallback.chunked and fallback.digit_ids == cfg.vocab.digit_ids
+    for single in (["--del-single-digits-only"], []):  # without a slot rule: single digits
+        args = parser.parse_args(["--numerical-loss", "del", *single])
+        fallback = dmm.config_from_args(args, tokenizer=tok).vocab
+        assert not fallback.chunked and fallback.digit_ids == cfg.vocab.digit_ids
 
     class ModelConfig:  # what Bridge's provider / Megatron's TransformerConfig carry
         pass

@@ -12,6 +12,7 @@ import pytest
 from del_megatron.demo import compare, stats
 from del_megatron.demo.compare import Arm, parse_arm
 from del_megatron.demo.config import differing_settings
+from del_megatron.slots import DEFAULT_SLOT_LOGITS
 
 
 @pytest.mark.parametrize("df, quantile", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)])
@@ -95,7 +96,7 @@ def _finished_run(path, seed, loss, weight=None, **changed):
     bonus = 0.1 if loss != "ce" else 0.0
     weight = compare.PAPER_WEIGHTS[loss] if weight is None else weight
     config = {**SETTINGS, "loss": loss, "alpha": weight, "seed": seed, "out_dir": path}
-    config = {**config, "reduction": "digit", "slot_logits": "any", **changed}
+    config = {**config, "reduction": "digit", "slot_logits": DEFAULT_SLOT_LOGITS, **changed}
     run = {
         "config": config,
         "finished": True,
@@ -185,7 +186,7 @@ def test_a_run_from_before_the_weight_unit_was_recorded_is_not_reused(tmp_path):
 
 def test_a_run_with_another_slot_rule_is_not_reused(tmp_path):
     arm = parse_arm("del:length")
-    _finished_run(compare.run_dir(str(tmp_path), 11, arm), 11, "del")  # trained "any"
+    _finished_run(compare.run_dir(str(tmp_path), 11, arm), 11, "del", slot_logits="any")
     with pytest.raises(RuntimeError, match="slot_logits 'any' -> 'length'.*another --out"):
         compare.sweep(str(tmp_path), [arm], [11], None, SETTINGS, log=lambda _: None)
 

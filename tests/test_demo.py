@@ -208,7 +208,7 @@ def test_check_on_a_chunking_tokenizer_points_to_the_evidence_and_the_a_b(capsys
     assert main(["check", "--tokenizer", str(llama3 / "tokenizer/tokenizer.json")]) == 0
     out = capsys.readouterr().out
     assert "a chunking tokenizer" in out and "tokenizer family: byte-level BPE" in out
-    assert "scored below plain CE" in out and "--del-single-digits-only" in out
+    assert "no DEL variant beat plain CE" in out and "--del-slot-logits length" in out
     assert out.strip().endswith(
         "add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.01 --del-reduction digit"
     )

@@ -73,17 +73,36 @@ def test_a_decimal_point_id_that_is_not_a_point_is_refused(one_digit):
                                     str(letter)]), tok)  # fmt: skip
 
 
-def test_explicit_ids_on_a_chunking_tokenizer_are_refused_with_the_flag_to_use():
+def test_a_chunking_tokenizer_gets_single_digit_del_unless_a_slot_rule_is_asked():
     tok = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
     vocab = dm.DigitVocab.from_tokenizer(tok)
+    default = dmm.config_from_args(parse(["--numerical-loss", "del"]), tok)
+    assert default.vocab == vocab.single_digits_only()
+    slots = dmm.config_from_args(
+        parse(["--numerical-loss", "del", "--del-slot-logits", "any"]), tok
+    )
+    assert slots.vocab == vocab and slots.slot_logits == "any"
+    # the tokenizer's single-digit ids by hand are the default; with slots they cannot be
+    by_hand = flags(*vocab.digit_ids, points=vocab.decimal_point_ids)
+    assert dmm.config_from_args(by_hand, tok).vocab == vocab.single_digits_only()
     with pytest.raises(ValueError) as err:
-        dmm.config_from_args(flags(*vocab.digit_ids), tok)
+        dmm.config_from_args(flags(*vocab.digit_ids, extra=["--del-slot-logits", "length"]), tok)
     assert "skip every digit of its 1,100 two- and three-digit tokens" in str(err.value)
-    assert "add --del-single-digits-only" in str(err.value)
-    # what the message advises: no ids, or the single digits by flag
-    assert dmm.config_from_args(parse(["--numerical-loss", "del"]), tok).vocab == vocab
-    single = parse(["--numerical-loss", "del", "--del-single-digits-only"])
-    assert dmm.config_from_args(single, tok).vocab == vocab.single_digits_only()
+    assert "drop --del-slot-logits to give the term to the single digits only" in str(err.value)
+    both = parse(["--numerical-loss", "del", "--del-slot-logits", "length",
+                  "--del-single-digits-only"])  # fmt: skip
+    with pytest.raises(ValueError, match="--del-slot-logits length .* drop one"):
+        dmm.config_from_args(both, tok)
+
+
+def test_a_slot_rule_without_a_chunking_tokenizer_is_refused(one_digit):
+    tok, _ = one_digit
+    with pytest.raises(ValueError, match="has one digit a token, or no text.*drop --del-slot"):
+        dmm.config_from_args(parse(["--numerical-loss", "del", "--del-slot-logits", "any"]), tok)
+    args = flags(*range(10), extra=["--del-slot-logits", "length"])
+    args.tokenizer_type = "NullTokenizer"
+    with pytest.raises(ValueError, match="drop --del-slot-logits"):
+        dmm.config_from_args(args, tokenizer=object())
 
 
 @pytest.mark.parametrize("flag", ["--del-single-digits-only", "--del-allow-multi-digit-tokens"])
@@ -181,19 +200,24 @@ def test_bridge_and_nemo_hold_a_vocab_given_against_their_tokenizer(one_digit, c
     from del_megatron.megatron.given_ids import api_vocab
 
     tok, vocab = one_digit
-    assert api_vocab(vocab, tok, False, False) == vocab
-    assert api_vocab(None, tok, False, False) == vocab
+    assert api_vocab(vocab, tok, False, None) == vocab
+    assert api_vocab(None, tok, False, None) == vocab
+    with pytest.raises(ValueError, match="has one digit a token: drop slot_logits"):
+        api_vocab(None, tok, False, "length")
     wrong = dm.DigitVocab([i + 1 for i in vocab.digit_ids], vocab.decimal_point_ids)
     with pytest.raises(ValueError, match="vocab= gives digit ids .* the ids are from another"):
-        api_vocab(wrong, tok, False, False)
+        api_vocab(wrong, tok, False, None)
     llama3 = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
     chunked = dm.DigitVocab.from_tokenizer(llama3)
-    with pytest.raises(ValueError, match="pass single_digits_only=True instead"):
-        api_vocab(chunked.single_digits_only(), llama3, False, False)
-    assert api_vocab(None, llama3, False, True) == chunked.single_digits_only()
-    assert api_vocab(chunked, llama3, False, False) == chunked
-    with pytest.raises(ValueError, match="single_digits_only=True does nothing beside vocab="):
-        api_vocab(chunked, llama3, False, True)
+    assert api_vocab(None, llama3, False, None) == chunked.single_digits_only()
+    assert api_vocab(None, llama3, False, "length") == chunked
+    assert api_vocab(chunked, llama3, False, "length") == chunked
+    assert api_vocab(chunked.single_digits_only(), llama3, False, None) == (
+        chunked.single_digits_only()
+    )
+    other = dm.DigitVocab(chunked.digit_ids, [], [i + 1 for i in chunked.multi_digit_ids])
+    with pytest.raises(ValueError, match="multi-digit ids that are not the run's tokenizer's"):
+        api_vocab(other, llama3, False, "length")
     with caplog.at_level(logging.INFO, logger="del_megatron"):
-        assert api_vocab(wrong, None, False, False) == wrong  # no tokenizer: as given, said
+        assert api_vocab(wrong, None, False, None) == wrong  # no tokenizer: as given, said
     assert "used as given, not checked" in caplog.text

@@ -88,16 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--del-slot-logits",
         choices=RULES,
-        default=DEFAULT_SLOT_LOGITS,
-        help="with a chunking tokenizer: which tokens each digit's slot logits take, 'length' "
-        "(the label's number of digits, prefix-conditional) or 'any' (every length); see "
-        f"docs/DEL.md (default {DEFAULT_SLOT_LOGITS}; no effect with one digit a token)",
+        default=None,
+        help="with a chunking tokenizer (Llama-3, o200k, DeepSeek-V3): give every digit of its "
+        "1,100 multi-digit tokens a term through slot logits under this rule, 'length' (the "
+        "label's number of digits, prefix-conditional) or 'any' (every length; del-megatron "
+        "0.2); see docs/DEL.md. Default: DEL on its ten single-digit tokens only (no slot rule "
+        "beat it in our comparison, docs/results.md)",
     )
     group.add_argument(
         "--del-single-digits-only",
         action="store_true",
         help="with a chunking tokenizer (Llama-3, o200k, DeepSeek-V3), give the term to the "
-        "ten single-digit tokens only, not to every digit of the multi-digit ones (for A/B)",
+        "ten single-digit tokens only: the default without --del-slot-logits, said explicitly",
     )
     return parser
 
@@ -116,6 +118,26 @@ def chain_extra_args(*providers: Optional[Callable]) -> Callable:
 
 SINGLE_DIGITS_FLAG = "--del-single-digits-only"
 MULTI_DIGITS_FLAG = "--del-allow-multi-digit-tokens"
+
+
+def _slots_asked(args) -> bool:
+    """Whether a chunking tokenizer's multi-digit tokens get slot terms (--del-slot-logits);
+    --del-single-digits-only beside it is refused."""
+    rule = getattr(args, "del_slot_logits", None)
+    if rule is not None and getattr(args, "del_single_digits_only", False):
+        raise ValueError(
+            f"--del-slot-logits {rule} gives every digit of a chunking tokenizer's multi-digit "
+            f"tokens a term, and {SINGLE_DIGITS_FLAG} gives the single digits only: drop one"
+        )
+    return rule is not None
+
+
+def _slots_without_chunks(args) -> ValueError:
+    return ValueError(
+        f"--del-slot-logits {args.del_slot_logits} gives a chunking tokenizer's multi-digit "
+        "tokens their terms, and this run has none (its tokenizer has one digit a token, or no "
+        "text to read them from): drop --del-slot-logits"
+    )
 
 
 def _has_text(args, tokenizer) -> bool:
@@ -137,8 +159,10 @@ def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
             "'0'..'9' (and --del-decimal-point-token-ids for '.')"
         )
     vocab = DigitVocab.from_tokenizer(tokenizer, args.del_allow_multi_digit_tokens)
-    if getattr(args, "del_single_digits_only", False):
+    if not _slots_asked(args):
         vocab = vocab.single_digits_only()
+    elif not vocab.chunked:
+        raise _slots_without_chunks(args)
     if args.del_decimal_point_token_ids is not None:
         points = args.del_decimal_point_token_ids
         check_given_points(points, vocab, "--del-decimal-point-token-ids")
@@ -154,12 +178,13 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
     if getattr(args, "del_single_digits_only", False):
         raise ValueError(
             f"{SINGLE_DIGITS_FLAG} does nothing beside --del-digit-token-ids (the ten ids given "
-            f"are used as they are): drop --del-digit-token-ids to have {SINGLE_DIGITS_FLAG} "
-            "read the single-digit ids from the run's tokenizer, or drop "
-            f"{SINGLE_DIGITS_FLAG}"
+            f"are used as they are): drop {SINGLE_DIGITS_FLAG}"
         )
+    slots = _slots_asked(args)
     multi = args.del_allow_multi_digit_tokens
     if not _has_text(args, tokenizer):
+        if slots:
+            raise _slots_without_chunks(args)
         if multi:
             raise ValueError(
                 f"{MULTI_DIGITS_FLAG} does nothing beside --del-digit-token-ids when the run's "
@@ -184,7 +209,11 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
         )
         return given
     points_given = args.del_decimal_point_token_ids is not None
-    fix = f"drop the ids and add {SINGLE_DIGITS_FLAG} to give the term to the single digits only"
+    if not slots:
+        read = read.single_digits_only()
+    elif not read.chunked:
+        raise _slots_without_chunks(args)
+    fix = "drop --del-slot-logits to give the term to the single digits only"
     check_given_vocab(given, read, "--del-digit-token-ids", points_given, fix)
     state.log_once("ids", "del_megatron: --del-digit-token-ids match the run's tokenizer")
     return given
@@ -235,7 +264,7 @@ def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
         vocab=vocab,
         reduction=args.del_reduction,
         digit_share=getattr(args, "del_digit_share", None),
-        slot_logits=getattr(args, "del_slot_logits", DEFAULT_SLOT_LOGITS),
+        slot_logits=getattr(args, "del_slot_logits", None) or DEFAULT_SLOT_LOGITS,
     )
 
 

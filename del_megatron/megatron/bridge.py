@@ -109,10 +109,9 @@ def enable_numerical_loss(
     alpha: float = 0.01,
     reduction: str = "digit",
     digit_share: Optional[float] = None,
-    slot_logits: str = DEFAULT_SLOT_LOGITS,
+    slot_logits: Optional[str] = None,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
-    single_digits_only: bool = False,
     logits_free: Union[bool, str] = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a Bridge model provider instance, a Bridge ModelConfig or
@@ -121,12 +120,13 @@ def enable_numerical_loss(
     The digit ids come from `vocab`, else from `tokenizer` (a Bridge/Megatron, Hugging Face,
     SentencePiece or tiktoken tokenizer, or a tokenizer file), else from the ConfigContainer's
     own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
-    applies DEL to single-digit tokens only; single_digits_only=True does so on a chunking
-    tokenizer; a vocab given is held against the tokenizer when there is one; slot_logits picks
-    a chunking tokenizer's slot rule, docs/DEL.md). Settings del_megatron cannot train with (a fused
-    cross-entropy that bypasses the loss hook, full-iteration CUDA graphs, the combined 1F1B
-    schedule; with logits_free, deferred embedding wgrad, Megatron-FSDP or torch FSDP2 on a
-    ConfigContainer's ddp or dist, fp16 with the "forward" route) are refused here, before
+    applies DEL to single-digit tokens only). A chunking tokenizer (Llama-3) gets DEL on its
+    single-digit tokens, or with slot_logits ("length", "any": docs/DEL.md) on every digit of its
+    multi-digit tokens too. A vocab given is held against the tokenizer when there is one.
+    Settings del_megatron cannot train with (a fused cross-entropy that bypasses the loss
+    hook, full-iteration CUDA graphs, the combined 1F1B schedule; with logits_free, deferred
+    embedding wgrad, Megatron-FSDP or torch FSDP2 on a ConfigContainer's ddp or dist, fp16 with
+    the "forward" route) are refused here, before
     training (support.py).
 
     With reduction="digit", pass Bridge's forward step through `numerical_forward_step`: it
@@ -145,14 +145,14 @@ def enable_numerical_loss(
             "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
             "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
         )
-    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, single_digits_only)
+    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits)
     cfg = NumericalLossConfig(
         loss=loss,
         alpha=alpha,
         vocab=vocab,
         reduction=reduction,
         digit_share=digit_share,
-        slot_logits=slot_logits,
+        slot_logits=slot_logits or DEFAULT_SLOT_LOGITS,
     )
     size = _vocab_size(config)
     if size is not None:

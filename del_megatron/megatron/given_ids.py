@@ -77,20 +77,20 @@ def api_vocab(
     vocab: Optional[DigitVocab],
     tokenizer: Any,
     allow_multi_digit_tokens: bool,
-    single_digits_only: bool,
+    slot_logits: Optional[str],
 ) -> DigitVocab:
     """Bridge's and NeMo's enable_numerical_loss: the vocab= given, held against `tokenizer`
-    when there is one, else the tokenizer's own (its single-digit tokens only with
-    single_digits_only). The caller makes sure one of the two is given."""
+    when there is one, else the tokenizer's own; a chunking tokenizer's multi-digit tokens only
+    with a slot rule (slot_logits), else its single-digit tokens. The caller makes sure one of
+    vocab and tokenizer is given."""
     if vocab is None:
         read = DigitVocab.from_tokenizer(tokenizer, allow_multi_digit_tokens)
-        return read.single_digits_only() if single_digits_only else read
-    if single_digits_only:
-        raise ValueError(
-            "single_digits_only=True does nothing beside vocab= (the vocab given is used as it "
-            "is): drop vocab= to read the single-digit ids from the tokenizer, or pass "
-            "vocab.single_digits_only() without single_digits_only"
-        )
+        if slot_logits is not None and not read.chunked:
+            raise ValueError(
+                f"slot_logits={slot_logits!r} gives a chunking tokenizer's multi-digit tokens "
+                "their terms, and this tokenizer has one digit a token: drop slot_logits"
+            )
+        return read if slot_logits is not None else read.single_digits_only()
     read = None if tokenizer is None else tokenizer_vocab(tokenizer, allow_multi_digit_tokens)
     if read is None:
         state.log_once(
@@ -100,6 +100,8 @@ def api_vocab(
             _ids(vocab.digit_ids),
         )
         return vocab
-    check_given_vocab(vocab, read, "vocab=", True, "pass single_digits_only=True instead")
+    if not vocab.chunked:
+        read = read.single_digits_only()
+    check_given_vocab(vocab, read, "vocab=", True, "pass vocab=None")
     state.log_once("ids", "del_megatron: vocab= matches the tokenizer's digit ids")
     return vocab

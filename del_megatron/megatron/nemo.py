@@ -121,10 +121,9 @@ def enable_numerical_loss(
     alpha: float = 0.01,
     reduction: str = "digit",
     digit_share: Optional[float] = None,
-    slot_logits: str = DEFAULT_SLOT_LOGITS,
+    slot_logits: Optional[str] = None,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
-    single_digits_only: bool = False,
     logits_free: Union[bool, str] = False,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a NeMo 2 `llm.GPTModel` (or any LightningModule with a
@@ -133,9 +132,9 @@ def enable_numerical_loss(
     plain attributes, both loss reductions become the DEL ones (logging through `model.log`),
     and the loss hook is registered. Digit ids come from `vocab`, else `tokenizer`, else
     `model.tokenizer` (NeMo's tokenizers wrap a Hugging Face or SentencePiece one);
-    slot_logits picks a chunking tokenizer's slot rule (docs/DEL.md); single_digits_only=True
-    gives the term to its single-digit tokens only. A vocab given is held against the tokenizer
-    when there is one.
+    a chunking tokenizer gets DEL on its single-digit tokens, or with slot_logits ("length",
+    "any": docs/DEL.md) on every digit of its multi-digit tokens too. A vocab given is held
+    against the tokenizer when there is one.
 
     The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
     normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
@@ -148,14 +147,14 @@ def enable_numerical_loss(
     inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
     if inner is not None and tokenizer_vocab(tokenizer, True) is None:
         tokenizer = inner  # the library tokenizer NeMo's wraps
-    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, single_digits_only)
+    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits)
     cfg = NumericalLossConfig(
         loss=loss,
         alpha=alpha,
         vocab=vocab,
         reduction=reduction,
         digit_share=digit_share,
-        slot_logits=slot_logits,
+        slot_logits=slot_logits or DEFAULT_SLOT_LOGITS,
     )
     config = model.config
     check_model_config(config, weight_gradient_of(logits_free))

@@ -32,7 +32,6 @@ MIGRATION = "docs/megatron-lm.md, 'Migrating from 0.1'"
 # del-megatron 0.1's defaults, for checkpoints that lack a flag.
 OLD_ALPHA = 0.01
 OLD_REDUCTION = "token"
-OLD_SLOT_LOGITS = "any"
 
 # Settings field -> the Megatron-LM flag that sets it.
 FLAGS = {
@@ -72,17 +71,14 @@ class Settings:
     reduction: Optional[str] = None
     digit_share: Optional[float] = None
     digit_ids: Optional[Tuple[int, ...]] = None
-    # a chunking tokenizer's slot rule; None where the run has one digit a token
+    # a chunking tokenizer's slot rule; None where the run gives no multi-digit token a term
     slot_logits: Optional[str] = None
 
 
 def _slot_rule_of_args(args: Any) -> Optional[str]:
-    """The slot rule of args whose tokenizer may chunk numbers (before --del-slot-logits
-    existed, slots were "any"); None for one digit a token."""
-    chunked = getattr(args, "del_allow_multi_digit_tokens", False)
-    if not chunked or getattr(args, "del_single_digits_only", False):
-        return None
-    return getattr(args, "del_slot_logits", None) or OLD_SLOT_LOGITS
+    """The slot rule args asked for (--del-slot-logits); None where they name none, so a
+    checkpoint from before the flag, or a run on single digits, is not compared."""
+    return getattr(args, "del_slot_logits", None)
 
 
 def settings_of_args(args: Any) -> Settings:

