@@ -81,9 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--del-allow-multi-digit-tokens",
         action="store_true",
-        help="accept a tokenizer that merges digits in another way than a chunking one "
-        "(Llama-3's chunks of up to three are understood by themselves); DEL then acts on "
-        "single-digit tokens only",
+        help="accept a tokenizer that merges digits in another way than a chunking one, or has "
+        "tokens of its own for a digit after a space (GPT-2's 'Ġ4'); DEL then acts on the "
+        "bare single-digit tokens only (Llama-3's chunks of up to three need no opt-in)",
     )
     group.add_argument(
         "--del-slot-logits",
