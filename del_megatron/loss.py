@@ -149,6 +149,14 @@ class LossParts(NamedTuple):
 _CE_ONLY_VOCAB = DigitVocab(range(NUM_DIGITS))
 
 
+def _check_not_empty(shape, what: str) -> None:
+    if any(size == 0 for size in shape):
+        raise ValueError(
+            f"{what} is {list(shape)}: a sequence, batch or vocab of length 0 has no loss to "
+            "compute; pass at least one position of at least one sequence"
+        )
+
+
 def _check_inputs(labels: torch.Tensor, logits: torch.Tensor) -> None:
     if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
         raise TypeError("labels and logits must be torch.Tensors")
@@ -163,6 +171,7 @@ def _check_inputs(labels: torch.Tensor, logits: torch.Tensor) -> None:
         )
     check_label_dtype(labels)
     s, b, _ = logits.shape
+    _check_not_empty(logits.shape, "logits [seq, batch, vocab_local]")
     if tuple(labels.shape) != (b, s):
         raise ValueError(
             f"labels must be [batch, seq] = [{b}, {s}] to match logits [seq, batch, vocab_local] "
@@ -476,6 +485,7 @@ def _check_linear_inputs(
             f"hidden must be [seq, batch, hidden] as Megatron's output layer takes it, got shape "
             f"{tuple(hidden.shape)}"
         )
+    _check_not_empty(hidden.shape, "hidden [seq, batch, hidden]")
     if weight.dim() != 2 or weight.size(1) != hidden.size(2):
         raise ValueError(
             f"weight must be [vocab_local, hidden] = [V/tp, {hidden.size(2)}] (the output layer's "

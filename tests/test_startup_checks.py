@@ -73,11 +73,13 @@ def test_a_decimal_point_id_that_is_not_a_point_is_refused(one_digit):
                                     str(letter)]), tok)  # fmt: skip
 
 
-def test_a_chunking_tokenizer_gets_single_digit_del_unless_a_slot_rule_is_asked():
+def test_a_chunking_tokenizer_gets_single_digit_del_unless_a_slot_rule_is_asked(caplog):
     tok = Tokenizer.from_file(str(LLAMA3_TOKENIZER))
     vocab = dm.DigitVocab.from_tokenizer(tok)
-    default = dmm.config_from_args(parse(["--numerical-loss", "del"]), tok)
+    with caplog.at_level(logging.INFO, logger="del_megatron"):
+        default = dmm.config_from_args(parse(["--numerical-loss", "del"]), tok)
     assert default.vocab == vocab.single_digits_only()
+    assert "chunks of up to three digits; DEL acts on its ten single-digit tokens" in caplog.text
     slots = dmm.config_from_args(
         parse(["--numerical-loss", "del", "--del-slot-logits", "any"]), tok
     )
@@ -221,3 +223,15 @@ def test_bridge_and_nemo_hold_a_vocab_given_against_their_tokenizer(one_digit, c
     with caplog.at_level(logging.INFO, logger="del_megatron"):
         assert api_vocab(wrong, None, False, None) == wrong  # no tokenizer: as given, said
     assert "used as given, not checked" in caplog.text
+
+
+def test_a_sequence_of_length_0_is_refused_by_name():
+    import torch
+
+    cfg = dm.NumericalLossConfig(alpha=0.1, vocab=dm.DigitVocab(range(10), [12]))
+    labels = torch.zeros(2, 0, dtype=torch.long)
+    for loss in (dm.loss_parts, dm.numerical_lm_loss):
+        with pytest.raises(ValueError, match=r"logits \[seq, batch, vocab_local\] is \[0, 2, 32\]"):
+            loss(labels, torch.zeros(0, 2, 32), cfg)
+    with pytest.raises(ValueError, match=r"hidden \[seq, batch, hidden\] is \[0, 2, 8\]: a seq"):
+        dm.numerical_linear_loss(torch.zeros(0, 2, 8), torch.zeros(32, 8), labels, cfg)

@@ -9,13 +9,13 @@ interrupted sweep resumes where it stopped (an unfinished run continues from its
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from ..preflight import SENTENCEPIECE, recommended_weight
 from ..slots import RULES
+from ..weights import check_weight
 from . import report
 from .config import (
     DEFAULT_SLOT_LOGITS,
@@ -103,8 +103,10 @@ def parse_arm(text: str) -> Arm:
         value = float(weight)
     except ValueError:
         raise ValueError(f"{text!r}: the weight after '@' must be a number") from None
-    if not value >= 0 or math.isinf(value):
-        raise ValueError(f"{text!r}: the weight must be a non-negative number")
+    try:
+        value = check_weight(value, "the weight")
+    except ValueError as bad:
+        raise ValueError(f"{text!r}: {bad}") from None
     return Arm(loss, value, slot_logits)
 
 

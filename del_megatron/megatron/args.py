@@ -118,6 +118,11 @@ def chain_extra_args(*providers: Optional[Callable]) -> Callable:
 
 SINGLE_DIGITS_FLAG = "--del-single-digits-only"
 MULTI_DIGITS_FLAG = "--del-allow-multi-digit-tokens"
+SINGLE_DIGITS_OF_CHUNKS = (
+    "del_megatron: the run's tokenizer cuts numbers into chunks of up to three digits; DEL "
+    "acts on its ten single-digit tokens (--del-slot-logits length gives every digit of its "
+    "multi-digit tokens a term: docs/DEL.md, 'Which slot rule')"
+)
 
 
 def _slots_asked(args) -> bool:
@@ -160,6 +165,8 @@ def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
         )
     vocab = DigitVocab.from_tokenizer(tokenizer, args.del_allow_multi_digit_tokens)
     if not _slots_asked(args):
+        if vocab.chunked:
+            state.log_once("chunks", SINGLE_DIGITS_OF_CHUNKS)
         vocab = vocab.single_digits_only()
     elif not vocab.chunked:
         raise _slots_without_chunks(args)
@@ -210,6 +217,8 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
         return given
     points_given = args.del_decimal_point_token_ids is not None
     if not slots:
+        if read.chunked:
+            state.log_once("chunks", SINGLE_DIGITS_OF_CHUNKS)
         read = read.single_digits_only()
     elif not read.chunked:
         raise _slots_without_chunks(args)
