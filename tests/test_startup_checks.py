@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 import del_megatron as dm
 from del_megatron import megatron as dmm
 
-from .test_tokenizers import CORPUS, LLAMA3_TOKENIZER
+from .test_tokenizers import LLAMA3_TOKENIZER, one_digit_bpe
 
 
 def parse(argv):
@@ -20,20 +20,7 @@ def parse(argv):
 @pytest.fixture(scope="module")
 def one_digit():
     """A byte-level BPE with every digit its own token (trained here), and its DigitVocab."""
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        CORPUS,
-        trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
-    )
+    tok = one_digit_bpe()
     return tok, dm.DigitVocab.from_tokenizer(tok)
 
 

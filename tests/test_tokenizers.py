@@ -207,7 +207,8 @@ def test_llama3_style_digit_grouping_bpe_is_refused_unless_opted_in():
     assert [tok.decode([i]) for i in vocab.digit_ids] == list("0123456789")
 
 
-def test_hugging_face_tokenizer_json_with_individual_digits(tmp_path):
+def one_digit_bpe():
+    """A byte-level BPE with every digit a token of its own, trained on CORPUS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -222,6 +223,11 @@ def test_hugging_face_tokenizer_json_with_individual_digits(tmp_path):
         CORPUS,
         trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
     )
+    return tok
+
+
+def test_hugging_face_tokenizer_json_with_individual_digits(tmp_path):
+    tok = one_digit_bpe()
     tok.save(str(tmp_path / "tokenizer.json"))
     loaded = load_tokenizer(str(tmp_path))
     assert_right_ids(loaded, dm.DigitVocab.from_tokenizer(loaded))
