@@ -4,6 +4,8 @@ input or usage), never in a traceback or a run. Each kind of ending is run once 
 its own (`cli`); their variants run in-process (`main`)."""
 
 import importlib.util
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +35,7 @@ def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "del_megatron.cli", *argv],
         cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},  # the libraries' import warnings
         capture_output=True,
         text=True,
         timeout=300,
@@ -42,7 +45,13 @@ def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
 def error_line(proc: subprocess.CompletedProcess) -> str:
     """The one error line on stderr (after argparse's usage lines, if any); no traceback."""
     assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if not line.startswith((" ", "usage:"))]
+    # torch's own log lines (glog style, e.g. the CUDA build's "W1204 ... No CUDA runtime is
+    # found" on a machine without CUDA) are not ours
+    lines = [
+        line
+        for line in proc.stderr.splitlines()
+        if not line.startswith((" ", "usage:")) and not re.match(r"[IWEF]\d{4} ", line)
+    ]
     assert len(lines) == 1, proc.stderr
     return lines[0]
 

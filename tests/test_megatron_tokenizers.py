@@ -49,11 +49,12 @@ def test_megatron_lms_build_tokenizer_hugging_face_tokenizer_with_llama3():
         make_vocab_size_divisible_by=128, tensor_model_parallel_size=2, rank=0,
         numerical_loss="del", del_digit_token_ids=None, del_decimal_point_token_ids=None,
         del_allow_multi_digit_tokens=False, del_single_digits_only=False,
+        del_slot_logits="length",
     )  # fmt: skip
     tok = build_tokenizer(args)
     assert args.padded_vocab_size == 128512  # 128,257 ids padded to a multiple of 256
     vocab = digit_vocab_from_args(args, tok)
     assert_ids_of_the_file(vocab, LLAMA3_TOKENIZER)
     vocab.check_vocab_size(args.padded_vocab_size)
-    args.del_single_digits_only = True
+    args.del_slot_logits = None  # without a slot rule: the single-digit tokens
     assert digit_vocab_from_args(args, tok) == vocab.single_digits_only()
