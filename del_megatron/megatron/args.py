@@ -11,7 +11,7 @@ from ..slots import DEFAULT_SLOT_LOGITS, RULES
 from ..vocab import DigitVocab
 from ..weights import check_digit_share, check_weight
 from . import state
-from .given_ids import check_given_points, check_given_vocab, tokenizer_vocab
+from .given_ids import check_given_points, check_given_vocab, ids_text, tokenizer_vocab
 from .hook import config_fields
 
 
@@ -202,7 +202,7 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
             "ids",
             "del_megatron: --del-digit-token-ids %s used as given, not checked: the run's "
             "tokenizer has no text to read digits from",
-            _ids_text(given.digit_ids),
+            ids_text(given.digit_ids),
         )
         return given
     read = tokenizer_vocab(tokenizer, multi)
@@ -211,7 +211,7 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
             "ids",
             "del_megatron: --del-digit-token-ids %s used as given, not checked: del_megatron "
             "cannot read digits from a %s",
-            _ids_text(given.digit_ids),
+            ids_text(given.digit_ids),
             type(tokenizer).__name__,
         )
         return given
@@ -226,10 +226,6 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
     check_given_vocab(given, read, "--del-digit-token-ids", points_given, fix)
     state.log_once("ids", "del_megatron: --del-digit-token-ids match the run's tokenizer")
     return given
-
-
-def _ids_text(ids) -> str:
-    return " ".join(map(str, ids))
 
 
 # Flags that act with --numerical-loss ce too (a logits-free CE).

@@ -15,7 +15,8 @@ from ..vocab import DigitVocab
 from . import state
 
 
-def _ids(ids: Iterable[int]) -> str:
+def ids_text(ids: Iterable[int]) -> str:
+    """Ids as the flags take them: space-separated."""
     return " ".join(map(str, ids))
 
 
@@ -34,8 +35,9 @@ def check_given_points(points: Iterable[int], read: DigitVocab, given_as: str) -
     extra = sorted(set(points) - set(read.decimal_point_ids))
     if extra:
         raise ValueError(
-            f"{given_as} gives decimal-point ids {_ids(points)}, but {_ids(extra)} are not '.' "
-            f"in the run's tokenizer (its '.' ids: {_ids(read.decimal_point_ids) or 'none'}): "
+            f"{given_as} gives decimal-point ids {ids_text(points)}, but {ids_text(extra)} are "
+            f"not '.' in the run's tokenizer (its '.' ids: "
+            f"{ids_text(read.decimal_point_ids) or 'none'}): "
             "drop them to read them from the tokenizer, or pass its own"
         )
 
@@ -53,9 +55,9 @@ def check_given_vocab(
     DEL on the single-digit tokens only."""
     if given.digit_ids != read.digit_ids:
         raise ValueError(
-            f"{given_as} gives digit ids {_ids(given.digit_ids)}, but the run's tokenizer has "
-            f"'0'..'9' at {_ids(read.digit_ids)}: the ids are from another tokenizer. Drop them "
-            "to read them from the run's tokenizer, or pass its own"
+            f"{given_as} gives digit ids {ids_text(given.digit_ids)}, but the run's tokenizer "
+            f"has '0'..'9' at {ids_text(read.digit_ids)}: the ids are from another tokenizer. "
+            "Drop them to read them from the run's tokenizer, or pass its own"
         )
     if points_given:
         check_given_points(given.decimal_point_ids, read, given_as)
@@ -97,7 +99,7 @@ def api_vocab(
             "ids",
             "del_megatron: vocab= digit ids %s used as given, not checked: no tokenizer "
             "del_megatron can read digits from",
-            _ids(vocab.digit_ids),
+            ids_text(vocab.digit_ids),
         )
         return vocab
     if not vocab.chunked:
