@@ -20,7 +20,9 @@ from dataclasses import Field, fields
 from typing import Callable, Iterator, List, Optional, Sequence
 
 from .demo.config import (
+    BASE_STEPS,
     CHUNKED,
+    CONTINUED_SETTINGS,
     DEFAULT_SLOT_LOGITS,
     NON_NEGATIVE,
     NOT_FLAGS,
@@ -91,11 +93,11 @@ def _out_dir(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _existing(what: str, want_file: bool, keyword: str = "") -> Callable[[str], str]:
+def _existing(what: str, want_file: bool, keyword: Optional[str] = None) -> Callable[[str], str]:
     """argparse type: a path that exists (a file, with want_file), or `keyword` itself."""
 
     def parse(text: str) -> str:
-        if keyword and text == keyword:
+        if keyword is not None and text == keyword:
             return text
         if not os.path.exists(text):
             raise argparse.ArgumentTypeError(f"{what} {text!r} does not exist")
@@ -120,13 +122,22 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def _train_flags(args, skip: Sequence[str] = ()) -> List[str]:
-    """The flags that hand the demo's training settings on to a `train` worker."""
+def _train_flags(args, skip: Sequence[str] = (), **override) -> List[str]:
+    """The flags that hand the demo's training settings on to a `train` worker (`override`:
+    settings by name that replace the arguments')."""
     argv = []
     for f in fields(TrainConfig):
         if f.name not in NOT_FLAGS and f.name not in skip:
-            argv += [_flag(f.name), str(getattr(args, f.name))]
+            argv += [_flag(f.name), str(override.get(f.name, getattr(args, f.name)))]
     return argv
+
+
+def _base_overrides(args) -> dict:
+    """How a continued-pretraining base trains: --base-steps at the settings' from-scratch
+    defaults for the schedule, no learning curve."""
+    defaults = TrainConfig(data_dir="", out_dir="")
+    schedule = {name: getattr(defaults, name) for name in CONTINUED_SETTINGS}
+    return {**schedule, "steps": args.base_steps, "curve_points": 0}
 
 
 def _check(args) -> int:
@@ -230,50 +241,107 @@ def _torchrun(nproc: int, argv: List[str]) -> List[str]:
 
 
 def _demo(args) -> int:
-    from .demo.data import prepare
-    from .demo.report import curve_table, plot, table, write_results
+    from .demo import continued
+    from .demo.report import curve_table, plot, plot_shape, table, write_results
 
-    data_dir = os.path.join(args.out, "data")
-    if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        prepare(data_dir, args.corpus, args.tokenizer, args.num_docs, args.num_eval, args.seed)
+    base_data, data_dir = continued.prepare_data(
+        args.out, args.corpus, args.tokenizer, args.num_docs, args.num_eval, args.seed
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    resume = ["--resume"] if args.resume else []
+    base_dir = os.path.join(args.out, continued.BASE_RUN)
+    print(f"base: CE for {args.base_steps} steps on the base distribution")
+    base_args = ["train", "--data-dir", base_data, "--out-dir", base_dir, "--loss", "ce"]
+    base_args += ["--base-data-dir", base_data, *resume]
+    base_args += _train_flags(args, **_base_overrides(args))
+    code = subprocess.call(_torchrun(args.nproc, base_args), env=env)
+    base = _read_metrics(base_dir) if code == 0 else {}
+    if code != 0:
+        print(f"training the base failed (exit {code})", file=sys.stderr)
+        return code
+    if not base.get("finished"):
+        print("stopped before the last step; rerun with --resume to continue", file=sys.stderr)
+        return 0
     runs = {}
     for loss in args.losses:
         out_dir = os.path.join(args.out, loss)
+        print(f"{loss}: continued from the base for {args.steps} steps")
         train_args = ["train", "--data-dir", data_dir, "--out-dir", out_dir, "--loss", loss]
-        train_args += ["--slot-logits", args.slot_logits, *_train_flags(args)]
-        if args.resume:
-            train_args.append("--resume")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        train_args += ["--init-from", continued.checkpoints_of(base_dir)]
+        train_args += ["--base-data-dir", base_data, "--slot-logits", args.slot_logits]
+        train_args += [*_train_flags(args), *resume]
         code = subprocess.call(_torchrun(args.nproc, train_args), env=env)
         if code != 0:
             print(f"training with loss {loss!r} failed (exit {code})", file=sys.stderr)
             return code
-        with open(os.path.join(out_dir, "metrics.json")) as fh:
-            runs[loss] = json.load(fh)
+        runs[loss] = _read_metrics(out_dir)
     if not all(run["finished"] for run in runs.values()):
         print("stopped before the last step; rerun with --resume to continue", file=sys.stderr)
         return 0
-    path = write_results(args.out, runs)
+    continued.add_base_change({loss: {0: run} for loss, run in runs.items()}, {0: base})
+    path = write_results(args.out, runs, base)
     png = plot(args.out, runs)
+    shape = plot_shape(
+        os.path.join(args.out, "results_shape.png"),
+        {loss: [run] for loss, run in runs.items()},
+        "del-megatron CPU demo: digit distributions at the held-out digit targets",
+    )
     print(curve_table(runs))
-    print(table(runs))
-    print(f"wrote {path} and {png}")
+    print(table(runs, base))
+    print(f"wrote {path}, {png} and {shape}")
     return 0
 
 
+def _read_metrics(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "metrics.json")) as fh:
+        return json.load(fh)
+
+
 def _compare(args) -> int:
+    from .demo import continued
     from .demo.compare import sweep, write_report
     from .demo.data import prepare
 
-    data_dir = os.path.join(args.out, "data")
-    if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        prepare(data_dir, args.corpus, args.tokenizer, args.num_docs, args.num_eval, args.data_seed)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    bases: dict = {}
+    before_seed = None
+    if args.continue_from_base:
+        base_data, data_dir = continued.prepare_data(
+            args.out, args.corpus, args.tokenizer, args.num_docs, args.num_eval, args.data_seed
+        )
+        base_flags = _base_overrides(args)
+
+        def train_base(seed: int, out_dir: str) -> int:
+            argv = ["train", "--data-dir", base_data, "--out-dir", out_dir, "--loss", "ce"]
+            argv += ["--alpha", "0.0", "--seed", str(seed), "--resume"]
+            argv += ["--base-data-dir", base_data]
+            argv += _train_flags(args, skip=COMPARE_SETS, **base_flags)
+            return subprocess.call(_torchrun(args.nproc, argv), env=env)
+
+        base_config = {
+            f.name: base_flags.get(f.name, getattr(args, f.name))
+            for f in fields(TrainConfig)
+            if f.name not in NOT_FLAGS and f.name not in COMPARE_SETS
+        }
+
+        def before_seed(seed: int) -> None:
+            bases[seed] = continued.ensure_base(args.out, seed, train_base, base_config)
+
+    else:
+        data_dir = os.path.join(args.out, "data")
+        if not os.path.exists(os.path.join(data_dir, "meta.json")):
+            prepare(
+                data_dir, args.corpus, args.tokenizer, args.num_docs, args.num_eval, args.data_seed
+            )
+        base_data = None
 
     def train(arm, seed: int, out_dir: str) -> int:
         train_args = ["train", "--data-dir", data_dir, "--out-dir", out_dir, "--loss", arm.loss]
         train_args += ["--alpha", str(arm.weight), "--seed", str(seed), "--resume"]
         train_args += ["--slot-logits", arm.rule]
+        if base_data is not None:  # continued from the seed's base
+            base = continued.checkpoints_of(continued.base_run_dir(args.out, seed))
+            train_args += ["--init-from", base, "--base-data-dir", base_data]
         train_args += _train_flags(args, skip=COMPARE_SETS)
         return subprocess.call(_torchrun(args.nproc, train_args), env=env)
 
@@ -283,15 +351,30 @@ def _compare(args) -> int:
             for f in fields(TrainConfig)
             if f.name not in NOT_FLAGS and f.name not in COMPARE_SETS
         }
-        results = sweep(args.out, args.losses, args.seeds, train, settings)
+        results = sweep(args.out, args.losses, args.seeds, train, settings, before_seed=before_seed)
     except RuntimeError as exc:
         print(f"del-megatron compare: {exc}", file=sys.stderr)
         return 1
-    paths = write_report(args.out, args.losses, args.seeds, results)
+    if args.continue_from_base:
+        continued.add_base_change(results, bases)
+    paths = write_report(
+        args.out, args.losses, args.seeds, results, bases if args.continue_from_base else None
+    )
     with open(paths["md"]) as fh:
         print(fh.read(), end="")
-    print(f"wrote {paths['json']}, {paths['md']} and {paths['png']}")
+    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']} and {paths['shape']}")
     return 0
+
+
+# compare --continue-from-base's arms by default, for a one-digit and a chunking tokenizer.
+CONTINUED_ARMS = ("ce", "del", "del@0.01", "ntl_was", "dist2")
+CONTINUED_ARMS_CHUNKED = ("ce", "del", "ntl_was")
+
+
+def _default_arms(args) -> Sequence[str]:
+    if not args.continue_from_base:
+        return LOSSES
+    return CONTINUED_ARMS_CHUNKED if args.tokenizer == CHUNKED else CONTINUED_ARMS
 
 
 # Settings `compare` sets per run (from --losses and --seeds), not flags of its own.
@@ -299,18 +382,52 @@ COMPARE_SETS = ("alpha", "seed")
 PAPER_WEIGHT_DEL = TrainConfig.__dataclass_fields__["alpha"].default
 
 
-def _add_train_args(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+def _add_train_args(
+    parser: argparse.ArgumentParser,
+    skip: Sequence[str] = (),
+    continued: Optional[str] = None,
+) -> None:
+    """The TrainConfig settings as flags. continued="always": the continued-pretraining
+    schedule (CONTINUED_SETTINGS) is the default; "flag": it is the default with
+    --continue-from-base, TrainConfig's without (resolved by parse_args)."""
     defaults = TrainConfig(data_dir="", out_dir="")
     for f in fields(TrainConfig):
         if f.name in NOT_FLAGS or f.name in skip:
             continue
         default = getattr(defaults, f.name)
+        shown = f"default {default}"
+        if continued is not None and f.name in CONTINUED_SETTINGS:
+            later = CONTINUED_SETTINGS[f.name]
+            if continued == "always":
+                default, shown = later, f"default {later}: the continued runs'"
+            else:
+                shown = f"default {default}; {later} with --continue-from-base"
+                default = None
         parser.add_argument(
             _flag(f.name),
-            type=_setting_type(f, type(default)),
+            type=_setting_type(f, type(getattr(defaults, f.name))),
             default=default,
-            help=f"{f.metadata['help']} (default {default})",
+            help=f"{f.metadata['help']} ({shown})",
         )
+
+
+def _continued_args(parser: argparse.ArgumentParser, positive: Callable) -> None:
+    parser.add_argument(
+        "--base-steps",
+        type=positive,
+        default=BASE_STEPS,
+        help="steps of the CE base that the runs continue from, at the from-scratch schedule "
+        f"(default {BASE_STEPS})",
+    )
+
+
+def _resolve_schedule(args) -> None:
+    """compare's schedule settings left at None: the continued ones with --continue-from-base,
+    TrainConfig's otherwise."""
+    defaults = TrainConfig(data_dir="", out_dir="")
+    for name, later in CONTINUED_SETTINGS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, later if args.continue_from_base else getattr(defaults, name))
 
 
 def _check_model_shape(parser: argparse.ArgumentParser, args, tp: Optional[int]) -> None:
@@ -459,10 +576,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="train CE and DEL on CPU with torchrun and compare",
-        description="Prepare the data (once), train one run per loss from the same seed "
-        "under torchrun (TP = --nproc, gloo), score the held-out problems during training and "
-        "at the end, and write results.json and results.png into --out.",
+        help="continue a CE base with CE and with DEL on CPU with torchrun, and compare",
+        description="Continued pretraining, as users run DEL: prepare the base and the "
+        "continued (number-heavier) data once, pretrain a base with CE on the base data, then "
+        "continue it with one run per loss on the continued data (same weights, same data "
+        "order) under torchrun (TP = --nproc, gloo), score the held-out problems during "
+        "training and at the end, and write results.json, results.png and results_shape.png "
+        "into --out.",
     )
     demo.add_argument(
         "--out", default="runs/demo", type=_out_dir, help="output folder (default runs/demo)"
@@ -481,7 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     _slot_logits_arg(demo)
     data_args(demo)
-    _add_train_args(demo)
+    _continued_args(demo, positive)
+    _add_train_args(demo, continued="always")
     demo.set_defaults(func=_demo)
 
     compare = sub.add_parser(
@@ -502,12 +623,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--losses",
         nargs="+",
         type=_arm,
-        default=[_arm(name) for name in LOSSES],
+        default=None,
         metavar="LOSS[:RULE][@WEIGHT]",
         help=f"losses ({', '.join(DEMO_LOSSES)}), each at its paper weight or @WEIGHT, with "
         f"a chunking tokenizer's slot rule :{'/:'.join(RULES)} or the default "
-        f"(default all but {SINGLE_DIGIT_DEL}, which is del on a one-digit tokenizer)",
+        f"(default all but {SINGLE_DIGIT_DEL}, which is del on a one-digit tokenizer; with "
+        f"--continue-from-base: {' '.join(CONTINUED_ARMS)}, or {' '.join(CONTINUED_ARMS_CHUNKED)} "
+        "with --tokenizer chunked)",
     )
+    compare.add_argument(
+        "--continue-from-base",
+        action="store_true",
+        help="continued pretraining: per seed, pretrain a CE base on the base data for "
+        "--base-steps, then continue it with every loss on a number-heavier distribution "
+        "(longer operands, more decimal places) at the continued schedule; also scores the "
+        "base distribution's held-out CE before and after (docs/results.md)",
+    )
+    _continued_args(compare, positive)
     compare.add_argument(
         "--seeds",
         nargs="+",
@@ -522,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-seed", type=seed, default=1234, help="seed of the synthetic corpus (default 1234)"
     )
     data_args(compare)
-    _add_train_args(compare, skip=COMPARE_SETS)
+    _add_train_args(compare, skip=COMPARE_SETS, continued="flag")
     compare.set_defaults(func=_compare)
 
     train = sub.add_parser("train", help="one training run (the torchrun worker)")
@@ -539,6 +671,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     _slot_logits_arg(train)
     train.add_argument(
+        "--init-from",
+        type=_existing("--init-from", want_file=False, keyword=""),
+        default="",
+        help="continued pretraining: the checkpoints folder of the run whose weights to start "
+        "from (optimizer and schedule start afresh)",
+    )
+    train.add_argument(
+        "--base-data-dir",
+        type=_existing("--base-data-dir", want_file=False, keyword=""),
+        default="",
+        help="a prepared data folder whose held-out texts are scored for CE at the end",
+    )
+    train.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar"
     )
     _add_train_args(train)
@@ -550,9 +695,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parsed and checked arguments; exits with argparse's usage error (status 2) on bad ones."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        _resolve_schedule(args)
     if args.command in ("demo", "train", "compare"):
         _check_model_shape(parser, args, None if args.command == "train" else args.nproc)
     if args.command == "compare":
+        if args.losses is None:
+            args.losses = [_arm(name) for name in _default_arms(args)]
         names = [arm.name for arm in args.losses]
         if len(set(names)) != len(names):
             parser.error(f"--losses names a run twice: {' '.join(names)}")

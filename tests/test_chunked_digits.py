@@ -347,7 +347,7 @@ def test_length_rule_sends_no_gradient_to_wrong_length_tokens(rule):
 
 
 def test_compare_scores_length_accuracy_and_digit_entropy_by_hand():
-    from del_megatron.demo.evaluate import length_and_entropy
+    from del_megatron.demo.evaluate import digit_distributions
 
     # '12' whose likeliest number token is '123' (a length miss), then '7' whose likeliest is
     # '5' (a hit), then an unscored position
@@ -355,7 +355,8 @@ def test_compare_scores_length_accuracy_and_digit_entropy_by_hand():
     logits = torch.zeros(1, 3, VOCAB_SIZE)
     logits[0, 0, ID_OF["123"]] = 2.0
     logits[0, 1, ID_OF["5"]] = 3.0
-    hits, numbers, entropy, digits = length_and_entropy(logits, labels, CHUNKED)
+    hits, numbers, shape = digit_distributions(logits, labels, CHUNKED)
+    entropy, digits = shape["entropy"], shape["count"]
     assert (hits.tolist(), numbers.tolist(), digits.tolist()) == ([1], [2], [3])
     # '12': both "length" slots are uniform over the two-digit tokens (ln 10 each); '7': the
     # ten digit logits with '5' at 3

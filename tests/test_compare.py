@@ -108,6 +108,11 @@ def _finished_run(path, seed, loss, weight=None, **changed):
         "mean_abs_log10_error": 0.2 - bonus + seed / 1000,
         "length_accuracy": 0.8 + bonus,
         "digit_entropy": 1.0 - seed / 100,
+        "target_probability": 0.4 + bonus,
+        "expected_distance": 1.5 - bonus,
+        "calibration_error": 0.05,
+        "distance_profile": [0.4 + bonus] + [0.06] * 9,
+        "calibration_bins": [[10, 0.05 + k / 10, 0.05 + k / 10] for k in range(10)],
         "standard_errors": {"digit_accuracy": 0.01, "exact_accuracy": 0.02},
     }
     with open(os.path.join(path, "metrics.json"), "w") as fh:
@@ -303,3 +308,44 @@ def test_final_train_ce_is_the_mean_of_the_last_twentieth():
     assert final_train_ce(history) == pytest.approx(97.0)
     assert final_train_ce(history[:10]) == 9.0  # at least one step
     assert math.isnan(final_train_ce([]))
+
+
+def test_a_seed_s_base_is_trained_once_before_its_arms_and_checked_when_reused(tmp_path):
+    from del_megatron.demo import continued
+
+    calls = []
+
+    def train_base(seed, path):
+        calls.append(("base", seed))
+        _finished_run(path, seed, "ce")
+        run = json.load(open(os.path.join(path, "metrics.json")))
+        run["base_ce"] = 1.0 + seed / 100
+        json.dump(run, open(os.path.join(path, "metrics.json"), "w"))
+        return 0
+
+    def train(arm, seed, path):
+        calls.append((arm.name, seed))
+        _finished_run(path, seed, arm.loss)
+        run = json.load(open(os.path.join(path, "metrics.json")))
+        run["base_ce"] = 1.5 if arm.loss == "ce" else 1.25
+        json.dump(run, open(os.path.join(path, "metrics.json"), "w"))
+        return 0
+
+    bases = {}
+
+    def before_seed(seed):
+        bases[seed] = continued.ensure_base(str(tmp_path), seed, train_base, SETTINGS, print)
+
+    arms = [parse_arm("ce"), parse_arm("del")]
+    results = compare.sweep(
+        str(tmp_path), arms, [11, 22], train, SETTINGS, lambda _: None, before_seed
+    )
+    assert calls == [("base", 11), ("ce", 11), ("del", 11), ("base", 22), ("ce", 22), ("del", 22)]
+    continued.add_base_change(results, bases)
+    assert results["del"][22]["base_ce_change"] == pytest.approx(1.25 - 1.22)
+    summary = compare.summarize(results, [11, 22])
+    assert summary["del"]["base_ce"]["difference"]["mean"] == pytest.approx(-0.25)
+    compare.sweep(str(tmp_path), arms, [11, 22], train, SETTINGS, lambda _: None, before_seed)
+    assert len(calls) == 6  # nothing trained again
+    with pytest.raises(RuntimeError, match="other settings \\(steps 500 -> 9"):
+        continued.ensure_base(str(tmp_path), 11, train_base, {**SETTINGS, "steps": 9})

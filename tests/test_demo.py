@@ -98,8 +98,31 @@ def test_weights_and_learning_rates_of_zero_pass_where_zero_is_allowed(tmp_path)
 
     out = str(tmp_path / "out")
     args = parse_args(["demo", "--out", out, "--alpha", "0", "--min-lr", "0"])
-    assert (args.alpha, args.min_lr, args.lr) == (0.0, 0.0, 0.002)
+    assert (args.alpha, args.min_lr, args.lr) == (0.0, 0.0, 0.001)  # the continued schedule
     assert parse_args(["train", "--data-dir", ".", "--out-dir", out, "--alpha", "0"]).alpha == 0
+
+
+def test_compare_takes_the_continued_schedule_and_arms_with_continue_from_base(tmp_path):
+    from del_megatron.cli import parse_args
+
+    out = ["--out", str(tmp_path / "out")]
+    scratch = parse_args(["compare", *out])
+    assert (scratch.steps, scratch.lr, scratch.min_lr, scratch.warmup) == (1500, 2e-3, 2e-4, 50)
+    assert [a.name for a in scratch.losses] == ["ce", "del", "ntl_was", "ntl_mse", "dist2"]
+    cont = parse_args(["compare", "--continue-from-base", *out])
+    assert (cont.steps, cont.lr, cont.min_lr, cont.warmup, cont.base_steps) == (
+        400,
+        1e-3,
+        1e-4,
+        20,
+        1000,
+    )
+    assert [a.name for a in cont.losses] == ["ce", "del", "del@0.01", "ntl_was", "dist2"]
+    chunked = parse_args(["compare", "--continue-from-base", "--tokenizer", "chunked", *out])
+    assert [a.name for a in chunked.losses] == ["ce", "del", "ntl_was"]
+    given = parse_args(["compare", "--continue-from-base", "--lr", "3e-4", "--steps", "9", *out])
+    assert (given.lr, given.steps, given.min_lr) == (3e-4, 9, 1e-4)
+    assert main(["compare", "--continue-from-base", "--min-lr", "0.01", *out]) == 2
 
 
 @pytest.mark.parametrize(

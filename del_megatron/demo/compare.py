@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..preflight import SENTENCEPIECE, recommended_weight
 from ..slots import RULES
@@ -44,17 +44,32 @@ PAPER_WEIGHTS = {
     SINGLE_DIGIT_DEL: recommended_weight("del", SENTENCEPIECE),
 }
 # (key in metrics.json, title, format, higher is better or None: neither): the demo's
-# held-out metrics, those scored at the end of a run only, and the final training CE
-LOWER_IS_BETTER = ("mean_abs_log10_error", "final_ce")
+# held-out metrics, the final training CE and the answers' length accuracy (MAIN); the digit
+# distributions' shape (SHAPE); in continued pretraining the base distribution's CE (BASE).
+LOWER_IS_BETTER = (
+    "mean_abs_log10_error",
+    "final_ce",
+    "expected_distance",
+    "calibration_error",
+    "base_ce",
+    "base_ce_change",
+)
 NO_DIRECTION = ("digit_entropy",)
-METRICS = [
-    (key, title, fmt, None if key in NO_DIRECTION else key not in LOWER_IS_BETTER)
-    for key, title, fmt in [
-        *report.METRICS,
-        ("final_ce", "final train CE", "{:.4f}"),
-        *report.END_METRICS,
+
+
+def _directed(rows) -> list:
+    return [
+        (key, title, fmt, None if key in NO_DIRECTION else key not in LOWER_IS_BETTER)
+        for key, title, fmt in rows
     ]
-]
+
+
+MAIN = _directed([*report.METRICS, ("final_ce", "final train CE", "{:.4f}"), report.END_METRICS[0]])
+SHAPE = _directed(report.SHAPE_METRICS)
+BASE_CE = _directed(report.BASE_METRICS)
+METRICS = MAIN + SHAPE + BASE_CE
+# Per run, kept beside the metrics for the shape figure (digit_shape.summarize).
+SHAPE_CURVES = ("distance_profile", "calibration_bins")
 # What the learning curves show: the held-out metrics and the training CE at each point.
 CURVE_METRICS = [
     (key, title, key not in LOWER_IS_BETTER and key != "train_ce")
@@ -126,7 +141,9 @@ def read_run(path: str) -> dict:
 def run_metrics(run: dict) -> Dict[str, object]:
     """The compared metrics of one finished run, their standard errors (`<key>_se`) and its
     learning curve (`curve`: the held-out metrics on the curve's subset at each point)."""
-    values: Dict[str, object] = {key: run[key] for key, *_ in METRICS if key != "final_ce"}
+    values: Dict[str, object] = {
+        key: run[key] for key in [k for k, *_ in METRICS] + list(SHAPE_CURVES) if key in run
+    }
     values["final_ce"] = report.final_train_ce(run["history"])
     for key, se in run.get("standard_errors", {}).items():
         values[f"{key}_se"] = se
@@ -152,13 +169,17 @@ def sweep(
     train: Callable[[Arm, int, str], int],
     settings: Mapping[str, object],
     log: Callable[[str], None] = print,
+    before_seed: Optional[Callable[[int], None]] = None,
 ) -> Dict[str, Dict[int, Dict[str, float]]]:
     """Train every (seed, arm) in that order unless it finished before; {arm: {seed: metrics}}.
     `train(arm, seed, out_dir)` runs one training and returns its exit status; `settings` are
-    the training settings (TrainConfig fields) every run shares."""
+    the training settings (TrainConfig fields) every run shares; `before_seed(seed)` runs
+    before a seed's arms (continued pretraining: its base)."""
     results: Dict[str, Dict[int, Dict[str, float]]] = {arm.name: {} for arm in arms}
     total, done = len(arms) * len(seeds), 0
     for seed in seeds:
+        if before_seed is not None:
+            before_seed(seed)
         for arm in arms:
             done += 1
             path = run_dir(out, seed, arm)
@@ -202,17 +223,23 @@ def summarize(
     [difference_vs_R]}}}: the difference is paired over seeds against the cross-entropy arm,
     when there is one; difference_vs_R against each arm R of `references` that ran."""
     summary: Dict[str, Dict[str, dict]] = {}
+
+    def scored(arm: str, key: str) -> bool:
+        return all(key in results[arm][seed] for seed in seeds)
+
     for arm, by_seed in results.items():
         rows = {}
         for key, *_ in METRICS:
+            if not scored(arm, key):  # e.g. the base CE, scored in continued pretraining only
+                continue
             values = [by_seed[seed][key] for seed in seeds]
             row = {**mean_interval(values).as_dict(), "per_seed": values}
             row["standard_errors"] = [by_seed[seed].get(f"{key}_se") for seed in seeds]
-            if BASELINE in results and arm != BASELINE:
+            if BASELINE in results and arm != BASELINE and scored(BASELINE, key):
                 baseline = [results[BASELINE][seed][key] for seed in seeds]
                 row["difference"] = paired_difference(values, baseline).as_dict()
             for ref in references:
-                if ref in results and arm != ref:
+                if ref in results and arm != ref and scored(ref, key):
                     against = [results[ref][seed][key] for seed in seeds]
                     row[f"difference_vs_{ref}"] = paired_difference(values, against).as_dict()
             rows[key] = row
@@ -280,34 +307,44 @@ def _difference_cell(
     return text
 
 
-def table_against(summary: Dict[str, Dict[str, dict]], reference: str) -> str:
+def _shown(summary: Dict[str, Dict[str, dict]], metrics: Sequence[tuple]) -> List[tuple]:
+    """The metrics of `metrics` that every arm of `summary` has."""
+    return [m for m in metrics if all(m[0] in rows for rows in summary.values())]
+
+
+def table_against(
+    summary: Dict[str, Dict[str, dict]], reference: str, metrics: Sequence[tuple] = MAIN
+) -> str:
     """Markdown: per metric, the difference against `reference` paired over seeds [95%
     interval] (summarize(..., references=[reference]))."""
     key = f"difference_vs_{reference}"
-    header = ["loss"] + [f"{title}: vs {reference}" for _, title, *_ in METRICS]
+    metrics = _shown(summary, metrics)
+    header = ["loss"] + [f"{title}: vs {reference}" for _, title, *_ in metrics]
     header = [h.replace("|", "\\|") for h in header]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm, rows in summary.items():
         if arm == reference:
             continue
         cells = [arm] + [
-            _difference_cell(rows[name], fmt, higher, key) for name, _, fmt, higher in METRICS
+            _difference_cell(rows[name], fmt, higher, key) for name, _, fmt, higher in metrics
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def table(summary: Dict[str, Dict[str, dict]]) -> str:
-    """Markdown: per metric, mean [95% interval] over seeds, and the paired difference against
-    ce [95% interval], marked better/worse when the interval excludes 0."""
+def table(summary: Dict[str, Dict[str, dict]], metrics: Sequence[tuple] = MAIN) -> str:
+    """Markdown: per metric of `metrics` that every arm has, mean [95% interval] over seeds,
+    and the paired difference against ce [95% interval], marked better/worse when the
+    interval excludes 0."""
+    metrics = _shown(summary, metrics)
     header = ["loss"]
-    for _, title, *_ in METRICS:
+    for _, title, *_ in metrics:
         title = title.replace("|", "\\|")  # "mean |log10 error|" inside a Markdown cell
         header += [title, f"{title}: vs ce"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm, rows in summary.items():
         cells = [arm]
-        for key, _, fmt, higher in METRICS:
+        for key, _, fmt, higher in metrics:
             cells += [_cell(rows[key], fmt), _difference_cell(rows[key], fmt, higher)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -404,11 +441,19 @@ def write_report(
     arms: Sequence[Arm],
     seeds: Sequence[int],
     results: Dict[str, Dict[int, Dict[str, float]]],
+    bases: Optional[Mapping[int, dict]] = None,
 ) -> Dict[str, str]:
-    """compare.json, compare.md and compare.png in `out`; their paths."""
+    """compare.json, compare.md, compare.png (learning curves, end bars) and compare_shape.png
+    (the digit distributions' shape) in `out`; their paths. `bases`: continued pretraining's
+    base run of each seed (its metrics.json), reported as the base CE before continuing."""
     summary = summarize(results, seeds, references=[SINGLE_DIGIT_DEL])
     curves = summarize_curves(results, seeds)
     paths = {name: os.path.join(out, f"compare.{name}") for name in ("json", "md", "png")}
+    paths["shape"] = os.path.join(out, "compare_shape.png")
+    base = None
+    if bases is not None:
+        values = [bases[seed]["base_ce"] for seed in seeds]
+        base = {"base_ce": {**mean_interval(values).as_dict(), "per_seed": values}}
     with open(paths["json"], "w") as fh:
         record = {
             "seeds": list(seeds),
@@ -422,11 +467,26 @@ def write_report(
                 arm: {str(s): m for s, m in by_seed.items()} for arm, by_seed in results.items()
             },
         }
+        if base is not None:
+            record["base"] = base
         json.dump(record, fh, indent=1)
     with open(paths["md"], "w") as fh:
         fh.write(table(summary) + "\n")
         if SINGLE_DIGIT_DEL in summary:
             fh.write(f"\nPaired against {SINGLE_DIGIT_DEL}:\n\n")
             fh.write(table_against(summary, SINGLE_DIGIT_DEL) + "\n")
+        fh.write("\nThe digit distributions at the held-out digit targets:\n\n")
+        fh.write(table(summary, SHAPE) + "\n")
+        if base is not None:
+            fh.write(
+                "\nCE on the base distribution's held-out texts: the base before continuing "
+                f"{_cell(base['base_ce'], '{:.4f}')}; after each arm, and its change:\n\n"
+            )
+            fh.write(table(summary, BASE_CE) + "\n")
     plot(paths["png"], curves, len(seeds), summary)
+    report.plot_shape(
+        paths["shape"],
+        {arm: [by_seed[seed] for seed in seeds] for arm, by_seed in results.items()},
+        f"del-megatron compare: digit distributions at held-out digit targets, {len(seeds)} seeds",
+    )
     return paths

@@ -110,6 +110,12 @@ class TrainConfig:
     reduction: str = WEIGHT_REDUCTION
     # A chunking tokenizer's slot rule (NumericalLossConfig.slot_logits; `--slot-logits`).
     slot_logits: str = DEFAULT_SLOT_LOGITS
+    # Continued pretraining: the checkpoints folder of the run whose weights this one starts
+    # from (its optimizer and schedule start afresh); "" trains from random weights.
+    init_from: str = ""
+    # A prepared data folder whose held-out problems' whole texts are scored for CE at the end
+    # (`base_ce`: what continued pretraining costs on the base distribution); "" for none.
+    base_data_dir: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -120,16 +126,32 @@ class TrainConfig:
 
 
 # Fields that are not flags of their own (the CLI sets them by other means).
-NOT_FLAGS = ("data_dir", "out_dir", "loss", "resume", "progress", "reduction", "slot_logits")
+NOT_FLAGS = (
+    "data_dir",
+    "out_dir",
+    "loss",
+    "resume",
+    "progress",
+    "reduction",
+    "slot_logits",
+    "init_from",
+    "base_data_dir",
+)
 # What a saved run that lacks a setting trained with (it was made before the setting existed).
 LEGACY_SETTINGS = {"reduction": "token", "slot_logits": "any"}
 # Losses on which the slot rule has no effect: compare does not tell their runs apart by it.
 NO_SLOTS = ("ce", SINGLE_DIGIT_DEL)
 
+# Continued pretraining (`compare --continue-from-base`, the demo): the base trains BASE_STEPS
+# with the settings' defaults; every arm then continues it with these, a continued-pretraining
+# schedule (half the base's peak rate, a short warm-up), unless flags say otherwise.
+BASE_STEPS = 1000
+CONTINUED_SETTINGS = {"steps": 400, "lr": 1e-3, "min_lr": 1e-4, "warmup": 20}
+
 # Fields that do not change what a run trains: where it lives, how it is driven, how much of the
 # held-out set it is scored on and when (scoring draws no random numbers: the weights are the
 # same). A checkpoint resumes across them; `compare` reuses a run only if it was scored alike.
-SCORING = ("eval_problems", "curve_points", "curve_problems")
+SCORING = ("eval_problems", "curve_points", "curve_problems", "base_data_dir")
 NOT_DEFINING = (
     "data_dir",
     "out_dir",

@@ -13,7 +13,7 @@ from typing import List, Optional
 import numpy as np
 
 from .config import CHUNKED, check_out_dir
-from .corpus import read_jsonl, synthetic
+from .corpus import BASE, DISTRIBUTIONS, read_jsonl, synthetic
 from .text_tokenizer import TextTokenizer, train_chunking_bpe, train_sentencepiece
 
 PREFIX = "corpus_text_document"
@@ -26,28 +26,33 @@ def prepare(
     num_docs: int = 20000,
     num_eval: int = 128,
     seed: int = 1234,
+    distribution: str = BASE,
 ) -> dict:
     """Write out_dir/{corpus_text_document.bin,.idx, eval.jsonl, tokenizer, meta.json}.
 
     corpus: a JSONL file ({"text": ...} per line) or None for the seeded synthetic corpus.
     tokenizer: a tokenizer file (see del_megatron.tokenizers.load_tokenizer), None to train a
     digit-splitting SentencePiece model on the corpus, or "chunked" to train a byte-level BPE
-    that cuts numbers into chunks of up to three digits (Llama-3's pre-tokenizer)."""
+    that cuts numbers into chunks of up to three digits (Llama-3's pre-tokenizer).
+    distribution: the synthetic problems' distribution (corpus.DISTRIBUTIONS), of the training
+    corpus when there is no `corpus` and of the held-out problems always."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     check_out_dir(out_dir)
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution {distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
     if corpus is not None and not os.path.isfile(corpus):
         raise FileNotFoundError(f"corpus {corpus!r} does not exist")
     trained = tokenizer is None or tokenizer == CHUNKED
     if not trained and not os.path.exists(tokenizer):
         raise FileNotFoundError(f"tokenizer {tokenizer!r} does not exist")
     if corpus is None:
-        texts = [p["prompt"] + p["answer"] for p in synthetic(num_docs, seed)]
+        texts = [p["prompt"] + p["answer"] for p in synthetic(num_docs, seed, distribution)]
     else:
         texts = list(read_jsonl(corpus))
     if not texts:
         raise ValueError(f"corpus {corpus!r} holds no documents")
-    held_out = synthetic(num_eval, seed + 1)
+    held_out = synthetic(num_eval, seed + 1, distribution, held_out=True)
 
     # Read the user's tokenizer where it is, so that an error names their path, not a copy's.
     tok = None if trained else TextTokenizer(tokenizer)
@@ -83,6 +88,7 @@ def prepare(
             "vocab_size": tok.vocab_size,
             "seed": seed,
             "corpus": os.path.abspath(corpus) if corpus else "synthetic",
+            "distribution": distribution,
         }
         with open(os.path.join(staging, "meta.json"), "w") as fh:
             json.dump(meta, fh, indent=1)

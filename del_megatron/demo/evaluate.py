@@ -12,6 +12,7 @@ import torch
 
 import del_megatron as dm
 
+from . import digit_shape
 from .stats import ratio_standard_error, standard_error
 from .text_tokenizer import TextTokenizer
 
@@ -21,7 +22,14 @@ SAMPLES = 8  # answers kept in metrics.json to read
 # metrics.json keys of the held-out metrics
 METRIC_KEYS = ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error")
 # ... and of those scored at the end of a run only (not on the learning curve)
-END_KEYS = ("length_accuracy", "digit_entropy")
+END_KEYS = (
+    "length_accuracy",
+    "digit_entropy",
+    "target_probability",
+    "expected_distance",
+    "calibration_error",
+    "distance_profile",
+)
 
 
 @dataclass
@@ -29,7 +37,8 @@ class Scores:
     """Per held-out problem, in the order given: answer digits predicted right (teacher-forced,
     digit_hits) and answer digits, exact greedy answer (0/1), |log10 error| of the greedy answer;
     teacher-forced, the answer's number tokens whose prediction among the number tokens has the
-    label's number of digits, and the sum and count of the digit entropies (length_and_entropy)."""
+    label's number of digits, and the digit distributions' digit_shape.sums
+    (digit_distributions)."""
 
     digits_correct: List[int] = field(default_factory=list)
     digits_total: List[int] = field(default_factory=list)
@@ -38,8 +47,7 @@ class Scores:
     outputs: List[str] = field(default_factory=list)
     length_correct: List[int] = field(default_factory=list)
     number_tokens: List[int] = field(default_factory=list)
-    entropy_sum: List[float] = field(default_factory=list)
-    entropy_count: List[int] = field(default_factory=list)
+    shape: List[Dict[str, object]] = field(default_factory=list)
 
 
 def _full_logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -89,13 +97,13 @@ def digit_hits(targets: List[int], guesses: List[int], texts: Dict[int, str]) ->
     return correct, total
 
 
-def length_and_entropy(
+def digit_distributions(
     logits: torch.Tensor, labels: torch.Tensor, vocab: dm.DigitVocab
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
     """Per row of labels [b, s] (-100 but where scored; logits [b, s, V] predict them): number
     tokens whose argmax among the number tokens has the label's number of digits, number
-    tokens, and the sum and count over their digits of the entropy (nats) of softmax(z^(j)),
-    the "length" rule's slot logits (docs/DEL.md; one digit a token: the ten digit logits)."""
+    tokens, and digit_shape.sums over their digits of softmax(z^(j)), the "length" rule's slot
+    logits (docs/DEL.md; one digit a token: the ten digit logits)."""
     ids = torch.tensor([i for i, _ in vocab.number_tokens()])
     digits = torch.tensor([len(text) for _, text in vocab.number_tokens()])
     length_of = torch.zeros(logits.size(-1), dtype=torch.long)
@@ -106,12 +114,45 @@ def length_and_entropy(
     length_hits = (is_number & (guess == length_of[target])).sum(-1)
     cfg = dm.NumericalLossConfig(loss="ce", vocab=vocab, slot_logits="length")
     parts = dm.loss_parts(labels, logits.transpose(0, 1).float(), cfg, validate=False)
-    z = parts.digit_logits if vocab.chunked else parts.digit_logits.unsqueeze(-2)
-    log_p = torch.log_softmax(z.double(), dim=-1)
-    entropy = -(log_p.exp() * log_p).sum(-1)  # [b, s, S]
-    held = torch.arange(z.size(-2)) < parts.digit_count.unsqueeze(-1)
-    entropy = torch.where(held, entropy, 0.0).sum((-1, -2))
-    return length_hits, is_number.sum(-1), entropy, held.sum((-1, -2))
+    z, digit = parts.digit_logits, parts.digit
+    if not vocab.chunked:  # one slot a position
+        z, digit = z.unsqueeze(-2), digit.unsqueeze(-1)
+    held = torch.arange(z.size(-2)) < parts.digit_count.unsqueeze(-1)  # [b, s, S]
+    row = torch.arange(labels.size(0)).view(-1, 1, 1).expand_as(held)
+    log_p = torch.log_softmax(z[held].double(), dim=-1)  # [N, 10]
+    shape = digit_shape.sums(log_p, digit[held], row[held], labels.size(0))
+    return length_hits, is_number.sum(-1), shape
+
+
+def text_ce(model, tok: TextTokenizer, texts: List[str]) -> Tuple[float, float]:
+    """(mean next-token CE in nats over every token of `texts` but each one's first, its
+    standard error with texts as the units): how well the model still models a distribution."""
+    rows = [tok.encode(text) + [tok.eod] for text in texts]
+    sums, counts = [], []
+    for start in range(0, len(rows), EVAL_BATCH):
+        batch = rows[start : start + EVAL_BATCH]
+        full = _right_padded(batch, tok.eod, max(map(len, batch)))
+        logits = _full_logits(model, full).double()  # [b, s, V]
+        labels = torch.full_like(full, -100)
+        for i, ids in enumerate(batch):
+            labels[i, : len(ids) - 1] = full[i, 1 : len(ids)]
+        ce = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), labels, ignore_index=-100, reduction="none"
+        )
+        sums += ce.sum(-1).tolist()
+        counts += (labels >= 0).sum(-1).tolist()
+    return sum(sums) / max(sum(counts), 1), ratio_standard_error(sums, counts)
+
+
+@torch.no_grad()
+def base_ce(model, tok: TextTokenizer, problems: List[dict]) -> Tuple[float, float]:
+    """text_ce over the problems' whole texts (prompt and answer); leaves the model in train
+    mode."""
+    model.eval()
+    try:
+        return text_ce(model, tok, [p["prompt"] + p["answer"] for p in problems])
+    finally:
+        model.train()
 
 
 @torch.no_grad()
@@ -125,7 +166,7 @@ def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab)
     texts = dict(vocab.number_tokens())
     scores = Scores([0] * n, [0] * n, [0] * n, [0.0] * n, [""] * n)
     scores.length_correct, scores.number_tokens = [0] * n, [0] * n
-    scores.entropy_sum, scores.entropy_count = [0.0] * n, [0] * n
+    scores.shape = [{}] * n
     prompts = [tok.encode(p["prompt"]) for p in problems]
     answers = [tok.encode(p["answer"]) for p in problems]
     order = sorted(range(n), key=lambda i: len(prompts[i]) + len(answers[i]))
@@ -142,10 +183,11 @@ def score(model, tok: TextTokenizer, problems: List[dict], vocab: dm.DigitVocab)
             guesses = predicted[row, begin - 1 : end - 1].tolist()
             scores.digits_correct[i], scores.digits_total[i] = digit_hits(targets, guesses, texts)
             labels[row, begin - 1 : end - 1] = full[row, begin:end]
-        per_row = [t.tolist() for t in length_and_entropy(logits, labels, vocab)]
+        hits, numbers, shape = digit_distributions(logits, labels, vocab)
+        shape_rows = digit_shape.problem_rows(shape)
         for row, i in enumerate(rows):
-            scores.length_correct[i], scores.number_tokens[i] = per_row[0][row], per_row[1][row]
-            scores.entropy_sum[i], scores.entropy_count[i] = per_row[2][row], per_row[3][row]
+            scores.length_correct[i], scores.number_tokens[i] = int(hits[row]), int(numbers[row])
+            scores.shape[i] = shape_rows[row]
     order = sorted(range(n), key=lambda i: len(prompts[i]))
     for start in range(0, n, EVAL_BATCH):
         rows = order[start : start + EVAL_BATCH]
@@ -183,11 +225,10 @@ def summarize(scores: Scores, problems: List[dict], first: Optional[int] = None)
     standard_errors: Dict[str, float] = {}
     if scores.number_tokens:
         lengths, numbers = scores.length_correct[:k], scores.number_tokens[:k]
-        entropy, counted = scores.entropy_sum[:k], scores.entropy_count[:k]
         end["length_accuracy"] = sum(lengths) / max(sum(numbers), 1)
-        end["digit_entropy"] = sum(entropy) / max(sum(counted), 1)
         standard_errors["length_accuracy"] = ratio_standard_error(lengths, numbers)
-        standard_errors["digit_entropy"] = ratio_standard_error(entropy, counted)
+        end.update(digit_shape.summarize(scores.shape[:k]))
+        standard_errors.update(end.pop("standard_errors"))
     return {
         "digit_accuracy": sum(correct) / max(sum(total), 1),
         "exact_accuracy": sum(exact) / max(k, 1),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 METRICS = [
     ("digit_accuracy", "digit acc (teacher-forced)", "{:.3f}"),
@@ -16,6 +16,19 @@ METRICS = [
 END_METRICS = [
     ("length_accuracy", "length acc (teacher-forced)", "{:.3f}"),
     ("digit_entropy", "digit entropy (nats)", "{:.3f}"),
+]
+# The digit distributions' shape at the held-out digit targets (digit_shape), at the end.
+SHAPE_METRICS = [
+    ("digit_entropy", "digit entropy (nats)", "{:.3f}"),
+    ("target_probability", "p(target digit)", "{:.3f}"),
+    ("expected_distance", "E|digit - target|", "{:.3f}"),
+    ("calibration_error", "calibration error (ECE)", "{:.3f}"),
+]
+# Continued pretraining: the CE on the base distribution's held-out texts after the run, and
+# its change from the base's own (the base before continuing).
+BASE_METRICS = [
+    ("base_ce", "base-distribution CE", "{:.4f}"),
+    ("base_ce_change", "base CE change", "{:.4f}"),
 ]
 TRAIN_CE = ("train_ce", "train CE (mean between points)", "{:.4f}")
 # One a loss: enough for every loss of `compare` at four DEL weights (a color left out drops its
@@ -50,19 +63,26 @@ def log_scale(ax, values: List[float]) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def write_results(out_dir: str, runs: Dict[str, dict]) -> str:
+def write_results(out_dir: str, runs: Dict[str, dict], base: Optional[dict] = None) -> str:
+    """results.json: per loss its metrics (and the base's, continued pretraining's starting
+    point, under "base"), and every run's whole record."""
     summary = {
         loss: {
-            **{key: run.get(key) for key, _, _ in METRICS},
+            **{key: run.get(key) for key, _, _ in METRICS + SHAPE_METRICS + BASE_METRICS},
             "final_train_ce": final_train_ce(run["history"]),
             "train_seconds": run.get("train_seconds"),
             "eval_seconds": run.get("eval_seconds"),
         }
         for loss, run in runs.items()
     }
+    record = {"summary": summary, "runs": runs}
+    if base is not None:
+        record["base"] = {
+            key: base.get(key) for key in ("base_ce", "train_seconds", "eval_seconds", "config")
+        }
     path = os.path.join(out_dir, "results.json")
     with open(path, "w") as fh:
-        json.dump({"summary": summary, "runs": runs}, fh, indent=1)
+        json.dump(record, fh, indent=1)
     return path
 
 
@@ -103,14 +123,25 @@ def plot(out_dir: str, runs: Dict[str, dict]) -> str:
     return path
 
 
-def table(runs: Dict[str, dict]) -> str:
-    header = f"{'loss':>8} {'train CE':>9} " + " ".join(f"{t:>26}" for _, t, _ in METRICS)
-    lines = [header]
-    for loss, run in runs.items():
-        ce = final_train_ce(run["history"])
-        cells = " ".join(f"{fmt.format(run.get(key, float('nan'))):>26}" for key, _, fmt in METRICS)
-        lines.append(f"{loss:>8} {ce:>9.4f} {cells}")
-    return "\n".join(lines)
+def table(runs: Dict[str, dict], base: Optional[dict] = None) -> str:
+    """The printed tables: per loss the held-out metrics, then the digit distributions' shape
+    and (with the `base` run) the base distribution's CE after the run and its change."""
+    lines = []
+    shape = SHAPE_METRICS + (BASE_METRICS if base is not None else [])
+    for metrics in (METRICS, shape):
+        first = f"{'loss':>8} {'train CE':>9} " if metrics is METRICS else f"{'loss':>8} "
+        lines.append(first + " ".join(f"{t:>26}" for _, t, _ in metrics))
+        for loss, run in runs.items():
+            cells = " ".join(
+                f"{fmt.format(run.get(key, float('nan'))):>26}" for key, _, fmt in metrics
+            )
+            if metrics is METRICS:
+                cells = f"{final_train_ce(run['history']):>9.4f} " + cells
+            lines.append(f"{loss:>8} {cells}")
+        lines.append("")
+    if base is not None:
+        lines.append(f"base-distribution CE of the base before continuing: {base['base_ce']:.4f}")
+    return "\n".join(lines).rstrip()
 
 
 def curve_table(runs: Dict[str, dict]) -> str:
@@ -129,3 +160,42 @@ def curve_table(runs: Dict[str, dict]) -> str:
         )
         lines.append(f"{step:>6} {cells}")
     return "digit accuracy during training (curve subset):\n" + "\n".join(lines)
+
+
+def plot_shape(path: str, runs: Dict[str, List[dict]], title: str) -> str:
+    """The digit distributions' shape per loss (runs: {loss: [each seed's metrics]}): left, the
+    mean probability of a digit by its distance from the target (log scale; the mean over
+    seeds); right, the top digit's accuracy against its confidence (the seeds' targets pooled
+    per confidence bin), the diagonal being calibrated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (profile_ax, bins_ax) = plt.subplots(1, 2, figsize=(10.5, 4.0))
+    for color, (loss, seeds) in zip(COLORS, runs.items(), strict=False):
+        profiles = [run["distance_profile"] for run in seeds]
+        mean = [sum(values) / len(values) for values in zip(*profiles, strict=True)]
+        profile_ax.plot(range(len(mean)), mean, "-o", color=color, markersize=3, label=loss)
+        pooled = [[0.0, 0.0, 0.0] for _ in seeds[0]["calibration_bins"]]
+        for run in seeds:
+            for total, (count, confidence, accuracy) in zip(
+                pooled, run["calibration_bins"], strict=True
+            ):
+                total[0] += count
+                total[1] += count * confidence
+                total[2] += count * accuracy
+        points = [(c / n, a / n) for n, c, a in pooled if n > 0]
+        bins_ax.plot(*zip(*points, strict=True), "-o", color=color, markersize=3, label=loss)
+    profile_ax.set_yscale("log")
+    profile_ax.set_xlabel("distance from the target digit")
+    profile_ax.set_title("mean probability of a digit, by distance from the target", fontsize=10)
+    bins_ax.plot([0, 1], [0, 1], ":", color=COLORS[0], linewidth=1)
+    bins_ax.set_xlabel("confidence of the top digit (bin mean)")
+    bins_ax.set_title("accuracy of the top digit (calibrated: on the diagonal)", fontsize=10)
+    profile_ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -18,7 +18,7 @@ from .. import cpu
 from .. import megatron as dmm
 from .config import SINGLE_DIGIT_DEL, TrainConfig, differing_settings
 from .data import build_train_dataset, load_eval, tokenizer_path
-from .evaluate import curve_point, curve_steps, score, summarize
+from .evaluate import base_ce, curve_point, curve_steps, score, summarize
 from .text_tokenizer import TextTokenizer
 
 
@@ -139,6 +139,22 @@ def save_checkpoint(cfg, step, model, optimizer, scheduler, record) -> None:
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+def load_base_weights(model, checkpoints: str) -> None:
+    """The model weights of the newest checkpoint in `checkpoints` (a base run's), without its
+    optimizer, schedule or RNG: continued pretraining starts those afresh."""
+    from megatron.core import dist_checkpointing
+
+    latest = os.path.join(checkpoints, "latest")
+    if not os.path.exists(latest):
+        raise FileNotFoundError(
+            f"{checkpoints} holds no finished checkpoint to continue from: train the base run "
+            "first (compare --continue-from-base trains it before its arms)"
+        )
+    with open(latest) as fh:
+        path = os.path.join(checkpoints, fh.read().strip())
+    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
+
+
 def load_checkpoint(cfg, model, optimizer, scheduler):
     """(step, record) of the newest checkpoint, restored into model/optimizer/scheduler; record
     holds the run's "history" and "curve" so far."""
@@ -203,6 +219,8 @@ def train(cfg: TrainConfig) -> None:
     start, record = (0, {"history": [], "curve": []})
     if cfg.resume:
         start, record = load_checkpoint(cfg, model, optimizer, scheduler)
+    if start == 0 and cfg.init_from:
+        load_base_weights(model, cfg.init_from)
     history, curve = record["history"], record["curve"]
     bar = None
     if rank == 0 and cfg.progress:
@@ -247,6 +265,10 @@ def train(cfg: TrainConfig) -> None:
             since = curve[-1]["step"] if curve else 0
             end = summarize(scores, problems, len(subset))
             curve.append(curve_point(cfg.steps, end, _mean_train_ce(history, since)))
+        if cfg.base_data_dir:
+            ce, se = base_ce(model, tok, load_eval(cfg.base_data_dir)[: cfg.eval_problems or None])
+            metrics["base_ce"] = ce
+            metrics["standard_errors"]["base_ce"] = se
         eval_seconds += time.time() - timed
     dmm.unregister()
     train_seconds = time.time() - began - eval_seconds

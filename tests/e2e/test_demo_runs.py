@@ -1,6 +1,7 @@
 """The CPU demo (the README's main job) and `del-megatron compare` run for real, at toy size:
-prepare, train CE and DEL under torchrun, evaluate, resume, and a 2 x 2 sweep. The e2e stage
-runs them on Python 3.11, the main job's environment (tests/run.sh)."""
+prepare, a CE base, CE and DEL continued from it under torchrun, evaluate, resume, and a 2 x 2
+continued-pretraining sweep. The e2e stage runs them on Python 3.11, the main job's
+environment (tests/run.sh)."""
 
 import json
 import os
@@ -14,9 +15,11 @@ from del_megatron.ports import free_port
 # A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
 TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
 TRAIN = (
-    TRAIN + " --save-interval 6 --warmup 4 --lr 0.005 --curve-points 3 --curve-problems 4"
+    TRAIN + " --save-interval 6 --warmup 4 --lr 0.005 --min-lr 0.0002 --curve-points 3"
+    " --curve-problems 4"
 ).split()
 DATA = "--num-docs 2000 --num-eval 16".split()
+BASE = "--base-steps 30".split()
 
 
 def run_cli(*argv):
@@ -33,7 +36,7 @@ def run_cli(*argv):
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    proc = run_cli("demo", "--out", str(out), *TRAIN, *DATA)
+    proc = run_cli("demo", "--out", str(out), *TRAIN, *DATA, *BASE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
@@ -42,12 +45,25 @@ def test_quick_demo_learns_and_reports_every_metric(quick_demo):
     out, proc = quick_demo
     results = json.loads((out / "results.json").read_text())
     assert set(results["summary"]) == {"ce", "del"}
+    base = json.loads((out / "base" / "metrics.json").read_text())
+    assert len(base["history"]) == 30 and base["config"]["loss"] == "ce"
+    assert results["base"]["base_ce"] == base["base_ce"]
+    # the base learned the base corpus; each run continued from its weights, on the continued
+    # corpus, in the same order: their first batch's CE is the same, below the base's first
+    assert base["history"][-1]["ce"] < 0.8 * base["history"][0]["ce"]
+    firsts = {loss: run["history"][0]["ce"] for loss, run in results["runs"].items()}
+    assert firsts["ce"] == pytest.approx(firsts["del"], rel=1e-6)
+    assert firsts["ce"] < 0.8 * base["history"][0]["ce"]
+    continued_meta = json.loads((out / "continued-data" / "meta.json").read_text())
+    assert continued_meta["distribution"] == "continued"
     for loss, run in results["runs"].items():
         history = run["history"]
         assert len(history) == 24 and run["finished"]
-        first = sum(h["ce"] for h in history[:3]) / 3
-        last = sum(h["ce"] for h in history[-3:]) / 3
-        assert last < 0.8 * first, (loss, first, last)
+        assert run["config"]["init_from"] == str(out / "base" / "checkpoints")
+        assert run["base_ce_change"] == pytest.approx(run["base_ce"] - base["base_ce"])
+        for key in ("digit_entropy", "target_probability", "expected_distance"):
+            assert results["summary"][loss][key] == run[key] and run[key] > 0, key
+        assert 0 <= run["calibration_error"] <= 1 and len(run["distance_profile"]) == 10
         for key in ("digit_accuracy", "exact_accuracy", "mean_abs_log10_error"):
             assert isinstance(run[key], float) and run[key] >= 0, key
         # the learning curve: 4 of the 8 held-out problems at steps 8, 16 and 24
@@ -58,6 +74,8 @@ def test_quick_demo_learns_and_reports_every_metric(quick_demo):
     )
     assert results["runs"]["del"]["history"][0]["loss"] > results["runs"]["del"]["history"][0]["ce"]
     assert (out / "results.png").stat().st_size > 10_000
+    assert (out / "results_shape.png").stat().st_size > 10_000
+    assert "base-distribution CE of the base before continuing" in proc.stdout
     assert "digit acc" in proc.stdout and "exact answer" in proc.stdout
     assert "digit accuracy during training" in proc.stdout
     assert (out / "data" / "corpus_text_document.bin").exists()
@@ -65,9 +83,10 @@ def test_quick_demo_learns_and_reports_every_metric(quick_demo):
 
 def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
     out, _ = quick_demo
-    data = str(out / "data")
+    data = str(out / "continued-data")
     stopped = tmp_path / "stopped"
     common = ["--data-dir", data, "--loss", "del", "--no-progress", *TRAIN]
+    common += ["--init-from", str(out / "base" / "checkpoints")]  # as the demo's run
 
     def torchrun():
         return [
@@ -129,10 +148,11 @@ TOY_DATA = "--num-docs 400 --num-eval 12"
 
 
 def test_compare_command_at_toy_size(tmp_path):
-    """2 seeds x 2 losses through torchrun (one process: TP=2 is the demo test's); then a rerun
-    that trains nothing."""
+    """Continued pretraining, 2 seeds x 2 losses, through torchrun (one process: TP=2 is the
+    demo test's); then a rerun that trains nothing."""
     out = tmp_path / "cmp"
     argv = [sys.executable, "-m", "del_megatron.cli", "compare", "--out", str(out)]
+    argv += ["--continue-from-base", "--base-steps", "8"]
     argv += ["--losses", "ce", "del@0.5", "--seeds", "3", "4", "--nproc", "1"]
     argv += [*TOY.split(), *TOY_DATA.split()]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -169,8 +189,14 @@ def test_compare_command_at_toy_size(tmp_path):
         / 2
     )
     assert (out / "compare.png").stat().st_size > 10_000
+    assert (out / "compare_shape.png").stat().st_size > 10_000
     assert "| del@0.5 |" in (out / "compare.md").read_text()
+    bases = [json.loads((out / f"seed-{s}" / "base" / "metrics.json").read_text()) for s in (3, 4)]
+    assert record["base"]["base_ce"]["per_seed"] == [b["base_ce"] for b in bases]
+    change = record["summary"]["del@0.5"]["base_ce_change"]["per_seed"]
+    after = record["summary"]["del@0.5"]["base_ce"]["per_seed"]
+    assert change == pytest.approx([a - b["base_ce"] for a, b in zip(after, bases, strict=True)])
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("finished before, not run again") == 4
+    assert again.stdout.count("finished before, not run again") == 6  # 2 bases, 4 arms
     assert json.loads((out / "compare.json").read_text())["summary"] == record["summary"]
