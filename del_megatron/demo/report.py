@@ -173,10 +173,12 @@ def plot_shape(path: str, runs: Dict[str, List[dict]], title: str) -> str:
     import matplotlib.pyplot as plt
 
     fig, (profile_ax, bins_ax) = plt.subplots(1, 2, figsize=(10.5, 4.0))
+    shown: List[float] = []
     for color, (loss, seeds) in zip(COLORS, runs.items(), strict=False):
         profiles = [run["distance_profile"] for run in seeds]
         mean = [sum(values) / len(values) for values in zip(*profiles, strict=True)]
         profile_ax.plot(range(len(mean)), mean, "-o", color=color, markersize=3, label=loss)
+        shown += mean
         pooled = [[0.0, 0.0, 0.0] for _ in seeds[0]["calibration_bins"]]
         for run in seeds:
             for total, (count, confidence, accuracy) in zip(
@@ -187,7 +189,7 @@ def plot_shape(path: str, runs: Dict[str, List[dict]], title: str) -> str:
                 total[2] += count * accuracy
         points = [(c / n, a / n) for n, c, a in pooled if n > 0]
         bins_ax.plot(*zip(*points, strict=True), "-o", color=color, markersize=3, label=loss)
-    profile_ax.set_yscale("log")
+    log_scale(profile_ax, shown)
     profile_ax.set_xlabel("distance from the target digit")
     profile_ax.set_title("mean probability of a digit, by distance from the target", fontsize=10)
     bins_ax.plot([0, 1], [0, 1], ":", color=COLORS[0], linewidth=1)
