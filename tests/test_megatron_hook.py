@@ -5,7 +5,7 @@ import json
 import pytest
 
 from . import megatron_workers
-from .megatron_workers import train_curve
+from .megatron_workers.training_curves import train_curve
 
 HOOK_CHECKS = [
     "hook_equals_numerical_lm_loss",
@@ -55,7 +55,7 @@ def test_training_curve_is_the_same_at_tp1_and_tp2_with_sequence_parallel(gloo, 
 def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_schedules(
     gloo, tmp_path
 ):
-    from .megatron_workers import pipeline_curve
+    from .megatron_workers.training_curves import pipeline_curve
 
     reports = {}
     layouts = {
@@ -81,6 +81,7 @@ def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_sched
             "del term",
             "del weight",
             "digit acc",
+            "digit entropy",
             "digit tokens",
             "digit share",
         }

@@ -211,8 +211,9 @@ def step_accounting(
 def wrap_loss_function(loss_function: Callable, model: Any = None) -> Callable:
     """Bridge's loss function, `partial(masked_next_token_loss, loss_mask, ...)` called with
     the model's output, with the "digit" reduction applied and the DEL telemetry entries
-    (`ce loss`, `<loss> term`, `digit acc`, `digit tokens`, `digit share`) added to its report,
-    which Bridge sums over micro-batches and data-parallel ranks and logs like `lm loss`.
+    (`ce loss`, `<loss> term`, `digit acc`, `digit entropy`, `digit tokens`, `digit share`)
+    added to its report, which Bridge sums over micro-batches and data-parallel ranks and logs
+    like `lm loss`.
     `model` (the forward step's) says whether the run asks for a numerical loss, so that a loss
     the hook did not compute stops the run (telemetry.check_recorded). A loss function this
     returned comes back as it is (a forward step of ours inside another: the second wrapper

@@ -6,7 +6,9 @@ imported GPTModel before register() ran. The hook passes Megatron's context-para
 the forward of every LanguageModule class that takes packed_seq_params (GPTModel, MambaModel,
 HybridModel, ...) is wrapped so that the hook sees the THD cu_seqlens of the call in progress.
 With logits_free (logits_free.py), that wrapper also hands GPTModel.forward an output_processor
-that computes the same loss from the output layer's input, without the logits.
+that computes the same loss from the output layer's input, without the logits. MTP heads compute
+their losses through the same method, before the main head's: each reports its digit accuracy and
+entropy (`mtp_1 digit acc`, ...) under the loss mask Megatron rolls for it, beside the main head's.
 register() sets up everything the glue keeps (state.Registration); unregister() undoes it.
 """
 
@@ -241,6 +243,42 @@ _forward_labels: contextvars.ContextVar = contextvars.ContextVar(
 )
 
 
+class _MtpHeads:
+    """The MTP heads of the LanguageModule.forward in progress: the loss mask as Megatron rolls
+    it for the last head seen, and the heads' report entries (telemetry.mtp_entries), which the
+    main head's record carries to the loss function."""
+
+    def __init__(self, loss_mask: Optional[torch.Tensor]) -> None:
+        self.mask, self.depth = loss_mask, 0
+        self.entries: dict = {}
+
+    def report(self, module: Any, labels: torch.Tensor, parts: LossParts) -> None:
+        """Add the entries of the next MTP head, whose loss over `labels` (rolled once more
+        than the last head's) gave `parts`. Megatron rolls the forward's loss mask (all ones
+        when it has none) in lockstep with the labels, with its own roll_tensor over the
+        model's CP group and the forward's packed sequences: so is it rolled here, on the
+        device (under CP one more exchange of a column between neighbours)."""
+        from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+        mask = self.mask if self.mask is not None else torch.ones_like(labels, dtype=torch.float)
+        params = _packed_seq_params.get()
+        self.mask, _ = roll_tensor(
+            mask,
+            shifts=-1,
+            dims=-1,
+            cp_group=getattr(module, "cp_group", None),
+            packed_seq_params=None if params is _NOT_CAPTURED else params,
+        )
+        self.depth += 1
+        self.entries.update(telemetry.mtp_entries(self.depth, self.mask, parts))
+
+
+# The MTP heads of the LanguageModule.forward in progress (a call with labels), else None.
+_forward_mtp: contextvars.ContextVar = contextvars.ContextVar(
+    "del_megatron_forward_mtp", default=None
+)
+
+
 def _cu_seqlens() -> Optional[torch.Tensor]:
     """Document offsets of a packed (THD) batch in the whole sequence, else None."""
     params = _packed_seq_params.get()
@@ -276,11 +314,15 @@ def _capture_packed_seq_params(forward: Callable) -> Callable:
                 lf.check_model_supports(args[0], takes_output_processor)
                 kwargs = {**kwargs, "output_processor": _logits_free_loss}
                 kwargs["output_processor_context"] = args[0]
+        labels = arguments.get("labels")
         token = _packed_seq_params.set(params)
-        labels_token = _forward_labels.set(arguments.get("labels"))
+        labels_token = _forward_labels.set(labels)
+        mtp = None if labels is None else _MtpHeads(arguments.get("loss_mask"))
+        mtp_token = _forward_mtp.set(mtp)
         try:
             return forward(*args, **kwargs)
         finally:
+            _forward_mtp.reset(mtp_token)
             _forward_labels.reset(labels_token)
             _packed_seq_params.reset(token)
 
@@ -355,14 +397,28 @@ def _check_digit_ids(cfg: NumericalLossConfig) -> None:
         )
 
 
-def _token_loss(parts: LossParts, cfg: NumericalLossConfig, labels: torch.Tensor) -> torch.Tensor:
+def _token_loss(
+    parts: LossParts,
+    cfg: NumericalLossConfig,
+    labels: torch.Tensor,
+    module: Any,
+    cp_group: Optional[dist.ProcessGroup],
+) -> torch.Tensor:
     """[b, s] CE + token_weight * term, recorded for the loss function. The "digit" reduction
     is applied by the loss_func wrapper, which has the loss mask and the step's counts: the
-    model returns the per-token form."""
+    model returns the per-token form. The main head's record carries the entries of the
+    forward's MTP heads (their losses never reach loss_func); cp_group: the context-parallel
+    group the loss split its sequences over (None: whole on this rank)."""
     loss = parts.token_loss(cfg.token_weight)
-    telemetry.record(loss, parts, cfg)
-    if labels is _forward_labels.get():  # the main head's (MTP heads' never reach loss_func)
+    cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
+    mtp = _forward_mtp.get()
+    if labels is _forward_labels.get():  # the main head's
+        telemetry.record(loss, parts, cfg, cp_size, None if mtp is None else mtp.entries)
         _expect_reduction(loss, cfg)
+    else:
+        telemetry.record(loss, parts, cfg, cp_size)
+        if mtp is not None:  # an MTP head of the forward in progress
+            mtp.report(module, labels, parts)
     return loss
 
 
@@ -411,7 +467,7 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         cp_balancing=cp_balancing,
         inplace=_logits_spent_by_the_loss(self, labels, logits),
     )
-    return _token_loss(parts, cfg, labels)
+    return _token_loss(parts, cfg, labels, self, cp_group)
 
 
 def _logits_spent_by_the_loss(module, labels: torch.Tensor, logits: torch.Tensor) -> bool:
@@ -506,7 +562,7 @@ def _logits_free_loss(
             loss_mask=loss_mask,
             weight_gradient=route,
         )
-    return _token_loss(parts, cfg, labels)
+    return _token_loss(parts, cfg, labels, module, cp_group)
 
 
 def register(

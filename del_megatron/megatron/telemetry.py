@@ -1,21 +1,22 @@
 """Per-step DEL telemetry and the "digit" reduction, in Megatron-LM's loss_func.
 
-The loss hook records, per micro-batch, the parts behind the [b, s] loss it returns. The
-loss_func wrapper (it has the loss mask) finds them by the output tensor and reports
-`[sum, count]` pairs, which Megatron-LM sums over micro-batches and data-parallel ranks and logs
-as sum / count (log, TensorBoard, W&B).
+The loss hook records, per micro-batch, the parts behind the [b, s] loss it returns (with the
+entries of the MTP heads that the same forward computed first). The loss_func wrapper (it has
+the loss mask) finds them by the output tensor and reports `[sum, count]` pairs, which
+Megatron-LM sums over micro-batches and data-parallel x context-parallel ranks into each step's
+sum / count: the value TensorBoard and W&B get for the step, and whose mean over the log
+interval the console line prints (docs/megatron-lm.md, "What the log shows").
 
-Megatron-LM logs each entry as the mean over the logging interval of its per-step value
-sum / count. Counts carry a tiny COUNT_EPS, so a step without digit targets reports 0 for the
-digit entries instead of 0/0 = NaN (which would hide them for the whole interval); it is lost in
-float32 next to any count >= 1, so real steps are exact. Megatron-LM up to core 0.17 also drops
-an entry whose interval mean is exactly 0; there, an exact 0 shows as ZERO_SHOWN_AS.
+Counts carry a tiny COUNT_EPS, so a step without digit targets reports 0 for the digit entries
+instead of 0/0 = NaN (which would hide them for the whole interval); it is lost in float32 next
+to any count >= 1, so real steps are exact. Megatron-LM up to core 0.17 also drops an entry
+whose interval mean is exactly 0; there, an exact 0 shows as ZERO_SHOWN_AS.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import torch
 
@@ -28,16 +29,30 @@ ZERO_SHOWN_AS = 1e-20
 
 
 class _Record(NamedTuple):
+    """output: the [b, s] loss the hook returned; parts: the pieces behind it; cp_size: the
+    context-parallel ranks its sequences are split over; mtp: report entries of the MTP heads
+    of the same forward (mtp_entries)."""
+
     output: torch.Tensor
     parts: LossParts
     cfg: NumericalLossConfig
+    cp_size: int = 1
+    mtp: Optional[Dict[str, torch.Tensor]] = None
 
 
-def record(output: torch.Tensor, parts: LossParts, cfg: NumericalLossConfig) -> None:
-    """Keep the parts behind `output` for the loss function (nothing when not registered)."""
+def record(
+    output: torch.Tensor,
+    parts: LossParts,
+    cfg: NumericalLossConfig,
+    cp_size: int = 1,
+    mtp: Optional[Dict[str, torch.Tensor]] = None,
+) -> None:
+    """Keep the parts behind `output` for the loss function (nothing when not registered).
+    cp_size: the context-parallel ranks that hold a share of each of its sequences; mtp: report
+    entries of the forward's MTP heads, reported beside the main head's."""
     registration = state.current()
     if registration is not None:
-        registration.records.append(_Record(output, parts, cfg))
+        registration.records.append(_Record(output, parts, cfg, cp_size, mtp))
 
 
 def find(output: torch.Tensor) -> Optional[_Record]:
@@ -79,32 +94,58 @@ def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
     return rec.output + extra.to(rec.output.dtype)
 
 
-def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
-    """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each)."""
-    mask = loss_mask.reshape(rec.output.shape).float()
-    parts = rec.parts
-    # One entry per digit target: a chunking vocab's [b, s, 3] slots, else [b, s, 1].
-    digit, logits = parts.digit, parts.digit_logits
+def _pair(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """A Megatron-LM report entry [sum, count] (float32 [2]): COUNT_EPS keeps an empty count
+    from 0/0, and ZERO_SHOWN_AS x count shows an exact 0 on cores that print only means > 0."""
+    count = count.detach().float() + COUNT_EPS
+    return torch.stack([total.detach().float() + _zero_floor() * count, count])
+
+
+def digit_stats(mask: torch.Tensor, parts: LossParts) -> tuple:
+    """(n_digits, correct, entropy) [] float32, summed over the digit targets under `mask`
+    [b, s] (float): one per digit target, a chunking vocab's held [b, s, 3] slots, else [b, s].
+    correct counts the targets whose digit is the argmax of the ten digit logits; entropy sums,
+    in nats, the entropy of the softmax over them (the logits DEL uses, slot logits included).
+    Tensors only: nothing is read on the host."""
+    digit, logits = parts.digit, parts.digit_logits.detach()
     if digit.dim() == mask.dim():
         digit, logits = digit.unsqueeze(-1), logits.unsqueeze(-2)
-    digit_mask = held_slots(parts.digit_count, digit.size(-1)).float() * mask.unsqueeze(-1)
-    n_digits = digit_mask.sum()
+    held = held_slots(parts.digit_count, digit.size(-1)) & (mask.unsqueeze(-1) != 0)
+    # Slots that hold no target digit may hold inf (slot logits): they never reach a sum.
+    logits = torch.where(held.unsqueeze(-1), logits.float(), 0.0)
+    entropy = torch.special.entr(torch.softmax(logits, dim=-1)).sum(dim=-1)  # -sum p ln p
     correct = logits.argmax(dim=-1) == digit
+    digit_mask = held.float() * mask.unsqueeze(-1)
+    return digit_mask.sum(), (correct * digit_mask).sum(), (entropy * digit_mask).sum()
 
-    floor = _zero_floor()
 
-    def pair(total, count):
-        count = count.detach().float() + COUNT_EPS
-        return torch.stack([total.detach().float() + floor * count, count])
+def mtp_entries(depth: int, mask: torch.Tensor, parts: LossParts) -> Dict[str, torch.Tensor]:
+    """The report entries of MTP head `depth` (1-based, as Megatron-LM's `mtp_1 loss`): its
+    digit accuracy and entropy over its digit targets under `mask` [b, s], the loss mask
+    Megatron rolls for that depth."""
+    n_digits, correct, entropy = digit_stats(mask.reshape(parts.ce.shape).float(), parts)
+    return {
+        f"mtp_{depth} digit acc": _pair(correct, n_digits),
+        f"mtp_{depth} digit entropy": _pair(entropy, n_digits),
+    }
 
+
+def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
+    """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each), the forward's
+    MTP heads' entries last. `digit tokens` counts 1 / cp_size a rank, so that its sum over the
+    context-parallel ranks of a micro-batch (Megatron-LM sums over DP x CP) is one micro-batch."""
+    mask = loss_mask.reshape(rec.output.shape).float()
+    n_digits, correct, entropy = digit_stats(mask, rec.parts)
     n_tokens = mask.sum()
     return {
-        "ce loss": pair((rec.parts.ce.float() * mask).sum(), n_tokens),
-        f"{rec.cfg.loss} term": pair((rec.parts.term.float() * mask).sum(), n_digits),
-        f"{rec.cfg.loss} weight": effective_weight(rec.cfg, n_digits, n_tokens, pair),
-        "digit acc": pair((correct.float() * digit_mask).sum(), n_digits),
-        "digit tokens": pair(n_digits, torch.ones_like(n_digits)),
-        "digit share": pair(n_digits, mask.sum()),
+        "ce loss": _pair((rec.parts.ce.float() * mask).sum(), n_tokens),
+        f"{rec.cfg.loss} term": _pair((rec.parts.term.float() * mask).sum(), n_digits),
+        f"{rec.cfg.loss} weight": effective_weight(rec.cfg, n_digits, n_tokens, _pair),
+        "digit acc": _pair(correct, n_digits),
+        "digit entropy": _pair(entropy, n_digits),
+        "digit tokens": _pair(n_digits, torch.full_like(n_digits, 1.0 / rec.cp_size)),
+        "digit share": _pair(n_digits, n_tokens),
+        **(rec.mtp or {}),
     }
 
 

@@ -132,6 +132,43 @@ def parse_log(text: str) -> tuple:
     return iterations, validation
 
 
+_VALIDATION_LINE = re.compile(r"validation loss at iteration (\d+)[^|]*\|(.*)$")
+_VALIDATION_ENTRY = re.compile(
+    r"^\s*([a-z][a-z0-9 _-]*?) (value|PPL)\s*:\s*([-+0-9.eEnaNifINF]+)\s*$"
+)
+
+
+def validation_lines(text: str) -> List[tuple]:
+    """Every validation line Megatron-LM printed, in order (the evaluation every
+    --eval-interval, then after training the validation and the test set, all "at iteration N"):
+    (N, {key: value}, {key: PPL})."""
+    lines = []
+    for line in text.splitlines():
+        found = _VALIDATION_LINE.search(line)
+        if found:
+            values: Dict[str, float] = {}
+            ppls: Dict[str, float] = {}
+            for part in found.group(2).split("|"):
+                entry = _VALIDATION_ENTRY.match(part)
+                if entry:
+                    (values if entry[2] == "value" else ppls)[entry[1]] = float(entry[3])
+            lines.append((int(found.group(1)), values, ppls))
+    return lines
+
+
+def tensorboard_scalars(folder: Path) -> Dict[str, List[tuple]]:
+    """Every scalar event in the TensorBoard event files under `folder`, read with TensorBoard's
+    own EventAccumulator (none dropped): tag -> [(step, value), ...] in the order written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
 def cpu_environment() -> Dict[str, str]:
     """The environment of a CPU job: del_megatron.cpu's start-up hook in every process."""
     from del_megatron.cpu.training import job_environment

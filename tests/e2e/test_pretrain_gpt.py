@@ -4,12 +4,13 @@ The tests run Megatron-LM's patched pretrain_gpt.py and the drop-in (from an unp
 `-m del_megatron.megatron.pretrain_gpt_del` of the installed package at the environment's
 newest tag, examples/pretrain_gpt_del.py by path at the others; conftest.drop_in_launch) under
 torchrun on CPU (gloo, 2 ranks, TP=2 unless said), and assert on the values Megatron-LM printed
-in its own log. The two differ only in how they reach the plugin (a patch, or a module that
-wraps pretrain_gpt's functions): both run the composition, telemetry, refusal and --help tests,
-and the drop-in must print every value the patched script prints, on every line (also when it is
-launched from the patched tree, as the Docker image allows, with the digit reduction). Resume,
-tensor/sequence parallel and tokenizer runs go through the same plugin calls and run once, on
-the patched script.
+in its own log (and wrote to TensorBoard, for the drop-in's digit run and the GPU flag set). The
+two differ only in how they reach the plugin (a patch, or a module that wraps pretrain_gpt's
+functions): both run the composition, telemetry, refusal and --help tests, and the drop-in must
+print every value the patched script prints, on every line (also when it is launched from the
+patched tree, as the Docker image allows, with the digit reduction). Resume, tensor/sequence
+parallel and tokenizer runs go through the same plugin calls and run once, on the patched
+script.
 
 Every tag runs the composition, telemetry, drop-in and logits-free checks (TP 2 and sequence
 parallel). Resume, TP 1 against TP 2, and the checks that stop before training or train with
@@ -31,11 +32,27 @@ from del_megatron.kernels.linear import NOT_PROPORTIONAL
 from del_megatron.megatron.logits_free import core_supports
 
 from .conftest import DROP_IN_OVER_PATCH, VARIANTS
-from .megatron_lm import DIGIT_IDS, MOCK_DATA, TINY_GPT, cpu_environment, is_finite
+from .megatron_lm import (
+    DIGIT_IDS,
+    MOCK_DATA,
+    TINY_GPT,
+    cpu_environment,
+    is_finite,
+    tensorboard_scalars,
+    validation_lines,
+)
 from .megatron_lm import tags_for_this_environment as _tags
 
 ALPHA = 0.01
-TELEMETRY = ("ce loss", "del term", "del weight", "digit acc", "digit tokens", "digit share")
+TELEMETRY = (
+    "ce loss",
+    "del term",
+    "del weight",
+    "digit acc",
+    "digit entropy",
+    "digit tokens",
+    "digit share",
+)
 # Megatron-LM prints 7 significant digits.
 PRINTED = 2e-6
 
@@ -52,19 +69,27 @@ PATCHED = "patched"
 STARTUP_REPORT = "[after library-setup] datetime:"
 
 
+def tensorboard(trainer, name: str) -> list:
+    """Megatron-LM's TensorBoard flags, writing to the folder `tb-<name>` beside the runs."""
+    folder = str(trainer.path(f"tb-{name}"))
+    return ["--tensorboard-dir", folder, "--log-validation-ppl-to-tensorboard"]
+
+
 def base_runs(trainer):
     """The shared runs: CE; DEL token; DEL digit. The patched script's DEL runs save at 5 (token:
     torch_dist, digit: torch) for the resume test; the drop-in's save nothing (a torch_dist save
-    re-imports the script in a writer process: ~15 s a run that no test reads)."""
+    re-imports the script in a writer process: ~15 s a run that no test reads), and its digit
+    run writes TensorBoard events (the TensorBoard test)."""
     common = TINY_GPT + MOCK_DATA + TP2
 
     def saving(fmt: str):
         flags = ["--save", str(trainer.path(f"ckpt-{fmt}")), "--save-interval", "5"]
         return flags + ["--ckpt-format", fmt] if trainer.variant == PATCHED else []
 
+    writing = tensorboard(trainer, "del-digit") if trainer.variant == "drop-in" else []
     ce = trainer.run("ce", common + ["--numerical-loss", "ce"])
     token = trainer.run("del-token", common + DEL + TOKEN + saving("torch_dist"))
-    digit = trainer.run("del-digit", common + DEL + DIGIT + saving("torch"))
+    digit = trainer.run("del-digit", common + DEL + DIGIT + saving("torch") + writing)
     for run in (ce, token, digit):
         assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
     return ce, token, digit
@@ -145,6 +170,54 @@ def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
         for iteration, entries in run.validation.items():
             for key in ("lm loss",) + TELEMETRY:
                 assert key in entries and is_finite(entries[key]), (iteration, entries)
+
+
+def assert_tensorboard_holds_the_logged_values(run, scalars: dict, keys) -> None:
+    """TensorBoard against the console of the same run, for each report entry in `keys`:
+    - training: one event a step under the entry's own name, the step's own sum / count, where
+      the console prints the mean since its last line (--log-interval 1 here, so the two agree
+      but at line 2, which Megatron-LM prints before resetting its accumulators the first time:
+      the mean of steps 1 and 2);
+    - validation: one event per validation line the console printed (every --eval-interval,
+      then after training the validation and the test set), in order, under `<entry>
+      validation` with the line's iteration as step, and with --log-validation-ppl-to-tensorboard
+      its PPL (exp of the value, capped at e^20) under `<entry> validation ppl`."""
+    lines = validation_lines(run.log)
+    assert [iteration for iteration, _, _ in lines][:2] == [5, 10], lines
+    for key in keys:
+        events = dict(scalars[key])
+        assert len(events) == len(scalars[key]) and sorted(events) == sorted(run.iterations), key
+        for step, entries in run.iterations.items():
+            want, tolerance = entries[key], PRINTED * abs(entries[key])
+            if step == 2:  # the console's line 2 is the mean of steps 1 and 2
+                first = run.iterations[1][key]
+                want, tolerance = 2 * want - first, PRINTED * (2 * abs(want) + abs(first))
+            assert events[step] == pytest.approx(want, abs=tolerance + 1e-12), (key, step)
+        values, ppls = scalars[f"{key} validation"], scalars[f"{key} validation ppl"]
+        assert (
+            [step for step, _ in values]
+            == [step for step, _ in ppls]
+            == [iteration for iteration, _, _ in lines]
+        ), key
+        for (_, value), (_, ppl), (iteration, printed, printed_ppl) in zip(
+            values, ppls, lines, strict=True
+        ):
+            assert value == pytest.approx(printed[key], rel=PRINTED, abs=1e-12), (key, iteration)
+            assert ppl == pytest.approx(printed_ppl[key], rel=PRINTED), (key, iteration)
+
+
+@tags
+def test_tensorboard_gets_each_steps_telemetry_and_every_validation(trainers, tag):
+    """The drop-in's DEL digit run with --tensorboard-dir and --log-validation-ppl-to-tensorboard:
+    its event file, read with TensorBoard's own reader, holds every numerical-loss entry
+    (`digit entropy` beside `digit acc`) for every training step and validation line, with the
+    values the console printed (assert_tensorboard_holds_the_logged_values)."""
+    _, _, digit = base_runs(trainers(tag, "drop-in"))
+    scalars = tensorboard_scalars(trainers(tag, "drop-in").path("tb-del-digit"))
+    assert_tensorboard_holds_the_logged_values(digit, scalars, ("lm loss",) + TELEMETRY)
+    # Teeth: steps without digit targets log 0 (core <= 0.17: 1e-20), others real values.
+    entropy = [value for _, value in scalars["digit entropy"]]
+    assert min(entropy) < 1e-6 and max(entropy) > 0.1, entropy
 
 
 @newest_tag
@@ -244,13 +317,17 @@ GPU_FLAGS += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap
 GPU_FLAGS += ["--ddp-bucket-size", "1000", "--untie-embeddings-and-output-weights"]
 GPU_FLAGS += ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]
 BF16_EPS = 2**-8
+# The MTP head's entries beside Megatron-LM's own `mtp_1 loss`.
+MTP_TELEMETRY = ("mtp_1 digit acc", "mtp_1 digit entropy")
 
 
 @newest_tag
 def test_the_gpu_flag_set_trains_logits_free_as_it_trains_materialised(trainers, tag):
     """GPU_FLAGS with and without --del-logits-free through Megatron-LM's own pretrain(): both
     train 10 iterations, and every value Megatron-LM logs (lm loss, the DEL telemetry, mtp_1
-    loss, grad norm, ..., every iteration and both validations) agrees.
+    loss, grad norm, ..., every iteration and both validations) agrees. The MTP head reports its
+    own `mtp_1 digit acc` and `mtp_1 digit entropy`, in training and validation, and the
+    materialised run's TensorBoard events hold them as its console does.
 
     Tolerance. Iteration 1 starts from the same weights on the same batch: every loss and
     telemetry value to Megatron-LM's 7 printed digits. From iteration 2 on, to one bf16 epsilon
@@ -264,11 +341,18 @@ def test_the_gpu_flag_set_trains_logits_free_as_it_trains_materialised(trainers,
     if not core_supports():
         _assert_logits_free_refused(trainer)
         return
-    materialised = trainer.run("gpu-flags", GPU_FLAGS)
+    materialised = trainer.run("gpu-flags", GPU_FLAGS + tensorboard(trainer, "gpu-flags"))
     logits_free = trainer.run("gpu-flags-logits-free", GPU_FLAGS + LOGITS_FREE)
     for run in (materialised, logits_free):
         assert run.returncode == 0 and len(run.iterations) == 10, run.log[-3000:]
     assert "mtp_1 loss" in materialised.iterations[1]
+    # The MTP head's own digit entries, training and validation, in the log and TensorBoard.
+    for entries in [*materialised.iterations.values(), *materialised.validation.values()]:
+        for key in MTP_TELEMETRY:
+            assert key in entries and is_finite(entries[key]), (key, entries)
+    assert max(e["mtp_1 digit entropy"] for e in materialised.iterations.values()) > 0.1
+    scalars = tensorboard_scalars(trainer.path("tb-gpu-flags"))
+    assert_tensorboard_holds_the_logged_values(materialised, scalars, MTP_TELEMETRY)
     steps = [(i, materialised.iterations[i], logits_free.iterations[i]) for i in range(1, 11)]
     steps += [(f"validation {i}", want, logits_free.validation[i]) for i, want in
               materialised.validation.items()]  # fmt: skip
@@ -278,7 +362,7 @@ def test_the_gpu_flag_set_trains_logits_free_as_it_trains_materialised(trainers,
         for key, value in want.items():
             exact = step == 1 and key != "grad norm"
             tolerance = dict(rel=PRINTED) if exact else dict(rel=BF16_EPS, abs=1e-6)
-            if key == "digit acc" and not exact:
+            if key.endswith("digit acc") and not exact:
                 tolerance = dict(abs=0.1 + 1e-6)
             assert got[key] == pytest.approx(value, **tolerance), (step, key, got[key], value)
 
