@@ -17,6 +17,8 @@ from .loss import (
 from .numbers import place_weights
 from .vocab import DigitVocab
 
+# The one place the version is written: pyproject.toml reads this line without importing the
+# package (keep it a plain string literal); tests/test_packaging.py checks CITATION.cff against it.
 __version__ = "0.2.0"
 
 __all__ = [

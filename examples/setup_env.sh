@@ -44,7 +44,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp=$venv/.del-megatron-installed
 nodeps=tests/requirements-nodeps.txt
-if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
     || [ "${nvrx:-$requirements}" -nt "$stamp" ] || [ "$nodeps" -nt "$stamp" ]; then
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   if [ "$venv" = .venv312-bridge ]; then

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the pinned environments and runs the test stages. With no argument, everything CI runs:
 #   lint   ruff format + lint (Python 3.11 environment)
+#   wheel  builds the wheel, installs it (--no-deps) into a fresh environment that takes torch and
+#          megatron-core from .venv, and runs `del-megatron check` and a DEL loss from it, outside
+#          the checkout (tests/wheel/run.sh)
 #   unit   the package's unit tests, on both pinned environments; on Python 3.12 the
 #          Megatron-Bridge and NeMo tests run in the bridge layer (.venv312-bridge)
 #   e2e    Megatron-LM's own pretrain_gpt.py (patched) and examples/pretrain_gpt_del.py under
@@ -9,10 +12,10 @@
 #          on Python 3.11 also docker/launch.sh on this machine and the demo's torchrun runs
 #          (tests/e2e/test_launch_cpu.py, tests/e2e/test_demo_runs.py)
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)
-# Usage: bash tests/run.sh [lint|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
+# Usage: bash tests/run.sh [lint|wheel|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
 # environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the stages run
-# one after another; only the Python 3.12 set-up runs beside lint and the Python 3.11 unit tests
-# (the image stage takes torch from that environment).
+# one after another; only the Python 3.12 set-up runs beside lint, wheel and the Python 3.11 unit
+# tests (the image stage takes torch from that environment).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -75,8 +78,8 @@ e2e_in() {
 
 everything() {
   # One stage at a time, except the Python 3.12 set-up (downloads and unpacking), which runs
-  # beside lint and the Python 3.11 unit tests (172 s of set-up beside 62 s of lint left the
-  # machine waiting 110 s). Test stages do not run beside each other: in two streams they took
+  # beside lint, wheel and the Python 3.11 unit tests (172 s of set-up beside 62 s of lint left
+  # the machine waiting 110 s). Test stages do not run beside each other: in two streams they took
   # 2451 s where one at a time took 1479 s, each 2-3x slower than alone (likely: a torchrun
   # job's gloo ranks wait for each other in every collective, and beside another stream one of
   # them is often descheduled).
@@ -86,6 +89,7 @@ everything() {
   setup_pid=$!
   trap stop_setup EXIT
   stage lint lint
+  stage wheel bash tests/wheel/run.sh
   stage "unit (py311)" unit_in py311
   wait "$setup_pid" || rc=$?
   setup_pid=""
@@ -107,9 +111,10 @@ fi
 for name in "${stages[@]}"; do
   case "$name" in
     lint) stage lint lint ;;
+    wheel) stage wheel bash tests/wheel/run.sh ;;
     unit) for env in $envs; do stage "unit ($env)" unit_in "$env"; done ;;
     e2e) for env in $envs; do stage "e2e ($env)" e2e_in "$env"; done ;;
     image) stage image bash tests/image/run.sh ;;
-    *) echo "unknown stage $name: lint, unit, e2e or image" >&2; exit 2 ;;
+    *) echo "unknown stage $name: lint, wheel, unit, e2e or image" >&2; exit 2 ;;
   esac
 done
