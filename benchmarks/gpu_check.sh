@@ -3,7 +3,7 @@
 # H200: environment; with MEGATRON_LM_DIR set, Megatron-LM's pretrain_gpt.py through the drop-in,
 # logits-free off and on, digit and token reductions, at DP 2 on 2+ GPUs; correctness at real
 # sizes, logits-free gradients, speed and memory against Megatron's CE, its fused CE and TE's,
-# host syncs, recompiles, a CUDA-graph capture (benchmarks/gpu_check.py says what each checks).
+# host syncs, recompiles, a CUDA-graph capture (benchmarks/gpu_check/ says what each checks).
 # Each stage runs in a process of its own and is killed, with every process it started, at its
 # time limit; the limits add up to less than GPU_CHECK_LIMIT_S (570 s; 900 s with --cpu, where
 # a busy CI machine may be slow). Every result goes to $OUT/gpu_check.jsonl as it completes;
@@ -25,11 +25,11 @@ export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 # The stages' limits fit LIMIT_S; this is the backstop. SIGINT first (gpu_check kills the stage
 # in progress and writes that it stopped), then SIGKILL.
 timeout --signal=INT --kill-after=10 "$LIMIT_S" \
-  "$PYTHON" benchmarks/gpu_check.py --out "$OUT" --envelope-s "$LIMIT_S" --no-summary "$@"
+  "$PYTHON" -m benchmarks.gpu_check --out "$OUT" --envelope-s "$LIMIT_S" --no-summary "$@"
 status=$?
 echo
 echo "== gpu_check summary ($OUT/gpu_check.jsonl) =="
-"$PYTHON" benchmarks/gpu_check.py --summary "$OUT/gpu_check.jsonl"
+"$PYTHON" -m benchmarks.gpu_check --summary "$OUT/gpu_check.jsonl"
 summary_status=$?
 if [[ $status -eq 124 || $status -eq 137 ]]; then
   echo "gpu_check: stopped after ${LIMIT_S} s; the stages above are what completed" >&2

@@ -1,4 +1,4 @@
-"""gpu_check.py's integration stage: Megatron-LM's pretrain_gpt.py through del_megatron's drop-in,
+"""gpu_check's integration stage: Megatron-LM's pretrain_gpt.py through del_megatron's drop-in,
 logits-free off and on, for each of the two DEL reductions, on a corpus with many numbers.
 
 This file is also the torchrun entry of each run:

@@ -19,7 +19,7 @@ only; HostSyncs finds their causes on a CPU as well:
                  boolean-mask indexing, unique, repeat_interleave without output_size).
 
 Each event keeps the innermost frame outside torch that caused it (file:line).
-Only torch is needed (benchmarks/gpu_check.py and the tests use it).
+Only torch is needed (benchmarks/gpu_check/ and the tests use it).
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def check_logits_free_under_ddp(mtp_layers, fusion: bool, route, steps: int) -> 
       the weights differ by bf16 roundings from step 2 on."""
     from del_megatron.cpu.training import torch_cuda_on_cpu
 
-    from .megatron_workers import _refused_by_this_core
+    from .megatron_workers.logits_free import _refused_by_this_core
 
     if _refused_by_this_core():
         return
@@ -233,7 +233,7 @@ def check_logits_free_under_ddp(mtp_layers, fusion: bool, route, steps: int) -> 
         for key, value in expected.items():
             exact = step == 0 and key != "grad norm"
             tolerance = dict(rel=1e-6, abs=1e-7) if exact else dict(rel=2**-8, abs=1e-6)
-            if key == "digit acc" and not exact:
+            if key.endswith("digit acc") and not exact:
                 # an argmax between two digit logits within bf16 rounding may flip: one target
                 tolerance = dict(abs=1.0 / want["reports"][step][key][1].item() + 1e-6)
             assert got[key] == pytest.approx(value, **tolerance), (step, key, got[key], value)

@@ -82,7 +82,7 @@ def hf_cross_entropy(model, batch) -> float:
 def make(folder: str, out: str) -> None:
     from transformers import Qwen2ForCausalLM
 
-    from .bridge_workers import tiny_hf_config
+    from .bridge_workers.fixtures import tiny_hf_config
 
     torch.manual_seed(0)
     tok = qwen2_tokenizer()

@@ -5,7 +5,7 @@ tests/requirements-bridge.txt):
   tokenizer's digit ids), the real GPTModelProvider and gpt_step.forward_step on a tiny
   Qwen2-class model, the step-wide digit reduction, and the real run_config.yaml save ->
   load_model_config round trip; values compared with del_megatron.reference on the same
-  model's logits (one worker process, tests/bridge_workers.py: Bridge's import alone takes a
+  model's logits (one worker process, tests/bridge_workers/: Bridge's import alone takes a
   minute on 2 cores);
 - continued pretraining as docs/continued-pretraining.md gives it: a Hugging Face model ->
   examples/bridge_convert.py import -> examples/bridge_pretrain_del.py (Bridge's finetune(),
@@ -153,7 +153,7 @@ def test_a_recipe_with_a_chunking_tokenizer_gets_its_number_tokens(bridge):
 def test_recipe_example_dry_run_enables_the_loss(tmp_path):
     """examples/bridge_pretrain_del.py --tiny --dry-run, as README gives it: a recipe
     ConfigContainer, enable_numerical_loss reads the digit ids from the recipe's tokenizer."""
-    from .bridge_workers import digit_tokenizer_dir
+    from .bridge_workers.fixtures import digit_tokenizer_dir
 
     command = [sys.executable, "-W", "ignore", "examples/bridge_pretrain_del.py", "--tiny"]
     command += ["--tokenizer", digit_tokenizer_dir(str(tmp_path)), "--dry-run", "--loss", "dist2"]

@@ -76,7 +76,7 @@ def test_the_build_context_holds_what_the_dockerfile_copies():
 
 def shipped_test_modules():
     """tests.* modules that benchmarks/*.py import, directly or through each other."""
-    todo = sorted((ROOT / "benchmarks").glob("*.py"))
+    todo = sorted((ROOT / "benchmarks").rglob("*.py"))
     seen = set()
     while todo:
         tree = ast.parse(todo.pop().read_text())

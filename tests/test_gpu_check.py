@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_check, gpu_integration
+from benchmarks import gpu_integration
+from benchmarks.gpu_check.context import Context
+from benchmarks.gpu_check.driver import drive, run_stage_process
+from benchmarks.gpu_check.limits import ENVELOPE_S, LIMITS_S, RESERVE_S, STAGES, stage_limits
+from benchmarks.gpu_check.report import summary
+from benchmarks.gpu_check.results import Results, read_rows
+from benchmarks.gpu_check.sizes import CPU_SIZES
+from benchmarks.gpu_check.stages.integration import stage_integration
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,14 +31,14 @@ def test_stage_limits_fit_the_envelope():
     integration stage runs right after the environment; a smaller envelope scales every limit
     down."""
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
-    assert gpu_check.ENVELOPE_S["gpu"] <= 570
-    for kind, limits in gpu_check.LIMITS_S.items():
-        assert f"GPU_CHECK_LIMIT_S:-{gpu_check.ENVELOPE_S[kind]}}}" in script
-        assert sum(limits.values()) + gpu_check.RESERVE_S <= gpu_check.ENVELOPE_S[kind]
+    assert ENVELOPE_S["gpu"] <= 570
+    for kind, limits in LIMITS_S.items():
+        assert f"GPU_CHECK_LIMIT_S:-{ENVELOPE_S[kind]}}}" in script
+        assert sum(limits.values()) + RESERVE_S <= ENVELOPE_S[kind]
         assert list(limits)[:2] == ["environment", "integration"]
-        assert set(limits) == set(gpu_check.STAGES) - {"memory"}
-    scaled = gpu_check.stage_limits(False, gpu_check.STAGES, 300)
-    assert sum(scaled.values()) <= 300 - gpu_check.RESERVE_S
+        assert set(limits) == set(STAGES) - {"memory"}
+    scaled = stage_limits(False, STAGES, 300)
+    assert sum(scaled.values()) <= 300 - RESERVE_S
     assert scaled["integration"] == pytest.approx(250 * 280 / 550, abs=0.1)
 
 
@@ -39,9 +46,9 @@ def test_integration_is_skipped_without_megatron_lm(tmp_path, monkeypatch, capsy
     """Without MEGATRON_LM_DIR the stage writes one row that says what to set and shows the
     command lines it would run."""
     monkeypatch.delenv("MEGATRON_LM_DIR", raising=False)
-    results = gpu_check.Results(tmp_path / "gpu_check.jsonl")
-    ctx = gpu_check.Context(torch.device("cpu"), gpu_check.CPU_SIZES, results, tmp_path)
-    gpu_check.stage_integration(ctx)
+    results = Results(tmp_path / "gpu_check.jsonl")
+    ctx = Context(torch.device("cpu"), CPU_SIZES, results, tmp_path)
+    stage_integration(ctx)
     (row,) = results.rows
     assert row["ok"] is None and "MEGATRON_LM_DIR" in row["skipped"]
     assert sorted(row["commands"]) == sorted(
@@ -89,7 +96,7 @@ def test_a_stage_past_its_limit_is_killed_with_its_workers(tmp_path):
     pid_file = tmp_path / "worker.pid"
     command = [sys.executable, "-c", STUCK, str(pid_file)]
     started = time.monotonic()
-    ended = gpu_check.run_stage_process(command, 3, dict(os.environ), tmp_path / "err")
+    ended = run_stage_process(command, 3, dict(os.environ), tmp_path / "err")
     took = time.monotonic() - started
     worker = int(_wait_for(pid_file))
     assert ended.outcome == "killed" and ended.returncode is None
@@ -102,7 +109,7 @@ def test_the_driver_reports_a_killed_stage_and_runs_the_next(tmp_path):
     """A stage killed at its limit after writing half a row: a failed row with its limit, its
     time row says killed, the next stage runs and its row parses, and the summary names the
     killed stage."""
-    results = gpu_check.Results(tmp_path / "gpu_check.jsonl")
+    results = Results(tmp_path / "gpu_check.jsonl")
     path = str(results.path)
 
     def writes(stage: str, then: str = "") -> list:
@@ -119,8 +126,8 @@ def test_the_driver_reports_a_killed_stage_and_runs_the_next(tmp_path):
         seen_deadlines[stage] = deadline - time.time()
         return commands[stage]
 
-    gpu_check.drive(results, limits, 60, command_of)
-    rows = gpu_check.read_rows(results.path)
+    drive(results, limits, 60, command_of)
+    rows = read_rows(results.path)
     by = {(r["stage"], r["check"]): r for r in rows}
     assert by[("environment", "stage limits")]["limits_s"] == limits
     assert by[("b", "stage")]["ok"] is False and by[("b", "stage")]["limit_s"] == 3
@@ -128,13 +135,13 @@ def test_the_driver_reports_a_killed_stage_and_runs_the_next(tmp_path):
     assert [by[(s, "stage time")]["outcome"] for s in "abc"] == ["done", "killed", "done"]
     assert by[("a", "x")]["ok"] and by[("c", "x")]["ok"]  # c's row on a line of its own
     assert all(0 < seen_deadlines[s] <= limits[s] for s in "abc")
-    assert "killed at their limit: b" in gpu_check.summary(rows)
+    assert "killed at their limit: b" in summary(rows)
 
 
 def test_a_stage_that_dies_is_reported_with_its_stderr(tmp_path):
-    results = gpu_check.Results(tmp_path / "gpu_check.jsonl")
+    results = Results(tmp_path / "gpu_check.jsonl")
     command = [sys.executable, "-c", "import os, sys; sys.stderr.write('boom'); os.abort()"]
-    gpu_check.drive(results, {"a": 20}, 60, lambda stage, deadline: command)
+    drive(results, {"a": 20}, 60, lambda stage, deadline: command)
     (failed,) = [r for r in results.rows if r["check"] == "stage"]
     assert "ended with status signal 6" in failed["error"] and "boom" in failed["stderr_tail"]
 
@@ -292,6 +299,6 @@ def test_jsonl_survives_a_cut_line(tmp_path):
     path = tmp_path / "gpu_check.jsonl"
     row = {"stage": "speed", "check": "x", "ok": None}
     path.write_text(json.dumps(row) + "\n" + '{"stage": "spe')
-    assert gpu_check.read_rows(path) == [row]
-    gpu_check.Results(path, fresh=False).add("speed", "y", True)
-    assert gpu_check.read_rows(path) == [row, {"stage": "speed", "check": "y", "ok": True}]
+    assert read_rows(path) == [row]
+    Results(path, fresh=False).add("speed", "y", True)
+    assert read_rows(path) == [row, {"stage": "speed", "check": "y", "ok": True}]

@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check, gpu_integration
+from benchmarks import gpu_integration
+from benchmarks.gpu_check.limits import ENVELOPE_S, LIMITS_S, STAGES
+from benchmarks.gpu_check.report import DRIVER_CHECKS
+from benchmarks.gpu_check.results import read_rows
+from benchmarks.gpu_check.stages.integration import MIN_LOGITS_FREE_CORE
 from tests import megatron_lm_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +38,7 @@ def megatron_lm_tree(tmp_path_factory):
     except megatron_lm_source.SourceUnavailable as missing:
         return None, str(missing)
     tree = megatron_lm_source.materialise(source, tmp_path_factory.mktemp("megatron-lm"))
-    if gpu_integration.megatron_core_version(tree) >= gpu_check.MIN_LOGITS_FREE_CORE:
+    if gpu_integration.megatron_core_version(tree) >= MIN_LOGITS_FREE_CORE:
         sources = [str(tree / "megatron"), *map(str, tree.glob("*.py"))]
         compile_all = [sys.executable, "-m", "compileall", "-q", "-j", "0", *sources]
         subprocess.run(compile_all, check=True, capture_output=True)
@@ -56,22 +60,22 @@ def cpu_run(tmp_path_factory, megatron_lm_tree):
         text=True,
         timeout=1000,
     )
-    rows = gpu_check.read_rows(out / "gpu_check.jsonl")
+    rows = read_rows(out / "gpu_check.jsonl")
     return done.returncode, done.stdout + done.stderr, rows, out
 
 
 def _rows(rows, stage):
-    return [r for r in rows if r["stage"] == stage and r["check"] not in gpu_check.DRIVER_CHECKS]
+    return [r for r in rows if r["stage"] == stage and r["check"] not in DRIVER_CHECKS]
 
 
 def test_every_stage_reports_in_its_own_process_within_its_limit(cpu_run):
     _, output, rows, _ = cpu_run
-    assert {r["stage"] for r in rows} == set(gpu_check.STAGES), output[-3000:]
+    assert {r["stage"] for r in rows} == set(STAGES), output[-3000:]
     assert not [r for r in rows if r["check"] == "stage"], "a stage failed:\n" + output[-3000:]
     times = {r["stage"]: r for r in rows if r["check"] == "stage time"}
-    assert list(times) == list(gpu_check.LIMITS_S["cpu"])  # in order; speed writes memory's rows
+    assert list(times) == list(LIMITS_S["cpu"])  # in order; speed writes memory's rows
     for stage, row in times.items():
-        assert row["outcome"] == "done" and row["limit_s"] == gpu_check.LIMITS_S["cpu"][stage]
+        assert row["outcome"] == "done" and row["limit_s"] == LIMITS_S["cpu"][stage]
         assert 0 < row["seconds"] < row["limit_s"], row
 
 
@@ -132,7 +136,7 @@ def test_integration_trains_at_dp2_on_numbers_with_both_reductions(cpu_run, mega
     if tree is None:
         pytest.skip(f"no Megatron-LM sources for the integration stage: {missing}")
     rows = _rows(cpu_run[2], "integration")
-    if gpu_integration.megatron_core_version(tree) < gpu_check.MIN_LOGITS_FREE_CORE:
+    if gpu_integration.megatron_core_version(tree) < MIN_LOGITS_FREE_CORE:
         (row,) = rows
         assert row["ok"] is None and "needs megatron-core >= 0.18" in row["skipped"], row
         return
@@ -155,9 +159,9 @@ def test_summary_and_exit_status(cpu_run):
     status, output, rows, _ = cpu_run
     assert "== gpu_check summary" in output and "| correctness | ce vs Megatron CE" in output
     assert "| stage | limit s | took s | ended |" in output
-    for stage, limit in gpu_check.LIMITS_S["cpu"].items():
+    for stage, limit in LIMITS_S["cpu"].items():
         assert re.search(rf"\| {stage} \| {limit:g} \| [0-9.]+ \| done \|", output), stage
-    total, envelope = sum(gpu_check.LIMITS_S["cpu"].values()), gpu_check.ENVELOPE_S["cpu"]
+    total, envelope = sum(LIMITS_S["cpu"].values()), ENVELOPE_S["cpu"]
     assert f"stage limits add up to {total:g} s of the {envelope} s envelope" in output
     failed = {(r["stage"], r["check"]) for r in rows if r["ok"] is False}
     assert failed == KNOWN_FAILURES, failed

@@ -227,8 +227,8 @@ def test_the_fused_cross_entropy_log_says_what_replaces_it_and_at_what_memory(im
 def test_register_from_args_tells_the_hook_how_packed_batches_are_cut_over_cp(flags, balancing):
     """Megatron-LM core 0.19's get_batch cuts a packed batch over CP ranks by the whole sequence
     under --dataloader-inter-document-masking without --sft, else per document: the registration
-    carries which, and the hook cuts the labels the same way (tests/megatron_workers.py,
-    check_hook_passes_the_cp_group)."""
+    carries which, and the hook cuts the labels the same way (tests/megatron_workers/
+    context_parallel.py, check_hook_passes_the_cp_group)."""
     from del_megatron.megatron import lm, state
 
     args = parse(["--numerical-loss", "del", "--del-digit-token-ids", *map(str, range(5, 15))])

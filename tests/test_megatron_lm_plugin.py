@@ -17,7 +17,7 @@ from del_megatron.megatron.accounting import DigitAccounting
 from del_megatron.reference import reference_lm_loss
 
 from .gpt_helpers import GPT_VOCAB, build_gpt, number_batch
-from .megatron_workers import _ToyDigitTokenizer
+from .megatron_workers.toy_tokenizer import _ToyDigitTokenizer
 
 PATCHES = sorted((Path(__file__).parents[1] / "patches").glob("*.patch"))
 

@@ -3,7 +3,7 @@ tests/requirements-bridge.txt): `nemo.lightning.megatron_parallel.MaskedTokenLos
 subclassed by numerical_loss_reduction, on two micro-batches of a tiny Megatron-Core GPTModel
 with the loss hook. forward keeps NeMo 2.7.0's three return values and reduce its loss, with
 the DEL telemetry summed over micro-batches and logged through reduce; values against
-del_megatron.reference on the same logits. One worker process (tests/bridge_workers.py)."""
+del_megatron.reference on the same logits. One worker process (tests/bridge_workers/)."""
 
 import pytest
 

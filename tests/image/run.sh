@@ -284,7 +284,7 @@ echo "$out"
 [[ "$out" == *"OK in /workspace/run as uid 1000:"*"NVRx $nvrx_version, no CUDA device"* ]] ||
   die "smoke step"
 
-# The GPU check ships in the image: every benchmarks/*.py imports there (the modules of tests/ that
+# The GPU check ships in the image: every benchmarks/*.py and benchmarks/gpu_check module imports there (the modules of tests/ that
 # they import included), from the folder gpu_check.sh runs them in.
 log "the GPU check's scripts import in the image"
 out=$(docker run --rm --workdir /opt/del-megatron --entrypoint python "$image" -W ignore -c '
@@ -294,7 +294,12 @@ for path in sorted(glob.glob("benchmarks/*.py")):
     spec = u.spec_from_file_location(os.path.basename(path)[:-3], path)
     sys.modules[spec.name] = module = u.module_from_spec(spec)
     spec.loader.exec_module(module)
-    print("imports:", path)' 2>&1) ||
+    print("imports:", path)
+import importlib, pkgutil
+import benchmarks.gpu_check as package
+for info in pkgutil.walk_packages(package.__path__, "benchmarks.gpu_check."):
+    importlib.import_module(info.name)
+    print("imports:", info.name)' 2>&1) ||
   { echo "$out" | tail -n 20; die "benchmarks/ does not import in the image"; }
 grep '^imports:' <<<"$out"
 
