@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from .heads import HEADS
 from .kernels import ProcessGroup, digit_cross_entropy
-from .kernels.linear import SequenceParallelGather
+from .kernels.linear import DEFAULT_WEIGHT_GRADIENT, SequenceParallelGather
 from .numbers import (
-    NumberLayout,
+    DigitPlaces,
     check_label_dtype,
     del_weights,
     dist2_weights,
@@ -180,7 +180,7 @@ def _check_inputs(labels: torch.Tensor, logits: torch.Tensor) -> None:
         )
 
 
-def _place_weights(loss: str, layout: NumberLayout, dtype: torch.dtype) -> torch.Tensor:
+def _place_weights(loss: str, layout: DigitPlaces, dtype: torch.dtype) -> torch.Tensor:
     if loss == "del":
         return del_weights(layout, dtype)
     if loss == "dist2":
@@ -203,10 +203,10 @@ def _flat_target(labels: torch.Tensor) -> torch.Tensor:
 
 
 class _Layout(NamedTuple):
-    """This rank's NumberLayout [b, s_local] and the loss-token and digit counts of the whole
+    """This rank's DigitPlaces [b, s_local] and the loss-token and digit counts of the whole
     (unsplit) sequence."""
 
-    local: NumberLayout
+    local: DigitPlaces
     n_tokens: torch.Tensor
     n_digits: torch.Tensor
 
@@ -408,17 +408,16 @@ def numerical_linear_loss(
     inplace: bool = False,
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
-    weight_gradient: str = "auto",
+    weight_gradient: str = DEFAULT_WEIGHT_GRADIENT,
 ) -> Union[torch.Tensor, LossParts]:
     """numerical_lm_loss(labels, hidden @ weight.T, cfg, tp_group, ...) without the logits.
 
     hidden [s, b, h] (the output layer's input: this CP rank's positions, the whole sequence on
     every tensor-parallel rank), weight [V_local, h] (this rank's shard of the output layer; the
-    whole one when tp_group is None, which here too means "no tensor parallelism"), labels
-    [b, s] int64. cp_group, cu_seqlens and cp_balancing as in numerical_lm_loss. Tokens are
-    processed chunk_tokens at a time (default: 256 MiB of fp32 logits, at most an eighth of the
-    tokens) and multiplied out again in backward. Gradients reach hidden (summed over the
-    tensor-parallel group) and weight.
+    whole one when tp_group is None, which here too means "no tensor parallelism"), labels [b, s]
+    int64. cp_group, cu_seqlens and cp_balancing as in numerical_lm_loss. Tokens are processed
+    chunk_tokens at a time (default: kernels/linear.py's default_chunk_tokens) and multiplied out
+    again in backward. Gradients reach hidden (summed over the tensor-parallel group) and weight.
 
     sequence_parallel: hidden is [s/tp, b, h], this rank's slice of the positions, as Megatron's
     --sequence-parallel hands it to the output layer (labels stay [b, s]); it is all-gathered
@@ -435,8 +434,9 @@ def numerical_linear_loss(
     backward, 3 matmuls as the materialised path. "backward": in backward, vocab tile by vocab
     tile, one matmul more, nothing [V_local, h] but the gradient and an fp32 [N, h] for
     grad_hidden. "auto": "forward" in fp32 (the accumulator is the gradient itself); in
-    bf16/fp16 while h <= N/8 for N = s * b tokens (the accumulator and its copy stay small beside
-    the logits) or V_local <= 1.5 N (the backward route's buffers would be larger).
+    bf16 while h <= N/8 for N = s * b tokens (the accumulator and its copy stay small beside the
+    logits) or V_local <= 1.5 N (the backward route's buffers would be larger); in fp16 always
+    "backward" ("forward" is refused there: kernels/linear.py's FP16_FORWARD).
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.

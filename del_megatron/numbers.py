@@ -22,9 +22,10 @@ from .vocab import CODE_LENGTH, CODE_POINT, DigitVocab
 FRACTION_DECAY = 1.02
 
 
-class NumberLayout(NamedTuple):
-    """Per-position facts about numbers. S is the vocab's max_digits (1, or 3 for a chunking
-    vocab): the slots of a position, one per digit of its label.
+class DigitPlaces(NamedTuple):
+    """Where each label's digits sit in their number, per position (number_layout). S is the
+    vocab's max_digits (1, or 3 for a chunking vocab): the slots of a position, one per digit
+    of its label.
 
     digit:       int64 [b, s, S], the target digit 0..9 of each slot, else 0 (a safe dummy)
     is_digit:    bool [b, s], the label is a number token (a digit token, one digit a token)
@@ -74,8 +75,8 @@ def number_layout(
     vocab: DigitVocab,
     ignore_index: int = -100,
     doc_start: Optional[torch.Tensor] = None,
-) -> NumberLayout:
-    """Locate every digit of `labels` [b, s] inside its number; see NumberLayout.
+) -> DigitPlaces:
+    """Locate every digit of `labels` [b, s] inside its number; see DigitPlaces.
 
     doc_start: bool [b, s], True where a packed document begins; no number runs across one.
     """
@@ -155,7 +156,7 @@ def number_layout(
     # The slot j digit of an L-digit value: (value // 10^(L - 1 - j)) % 10.
     power = (flat_count.unsqueeze(-1) - 1 - slot).clamp(min=0)
     digit = torch.where(held, (value.reshape(-1, 1) // 10**power) % 10, 0)
-    return NumberLayout(
+    return DigitPlaces(
         digit=digit.view(b, s, slots),
         is_digit=is_digit,
         digit_count=count,
@@ -171,12 +172,12 @@ def _next_true(flags: torch.Tensor, pos: torch.Tensor, big: int) -> torch.Tensor
     return torch.where(flags, pos, big).flip(0).cummin(0).values.flip(0)
 
 
-def select_positions(layout: NumberLayout, positions: torch.Tensor) -> NumberLayout:
+def select_positions(layout: DigitPlaces, positions: torch.Tensor) -> DigitPlaces:
     """The layout at sequence positions `positions` [s_local] (int64) of every row."""
-    return NumberLayout(*(field.index_select(1, positions) for field in layout))
+    return DigitPlaces(*(field.index_select(1, positions) for field in layout))
 
 
-def del_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def del_weights(layout: DigitPlaces, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """DEL place weights [b, s, S]: 2k for the k-th integer place, 1.02^-(d+1) for the d-th
     fractional place, 0 for decimal points, non-digit positions and empty slots."""
     integer = 2.0 * layout.int_place.to(dtype)
@@ -186,7 +187,7 @@ def del_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> tor
     return torch.where(layout.in_slot, weights, 0.0)
 
 
-def dist2_weights(layout: NumberLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dist2_weights(layout: DigitPlaces, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """DIST2Loss place weights [b, s, S], as its authors' code gives them: k for the k-th digit
     from the end of its run of digits (a decimal point ends a run, so the fractional digits of
     3.14159 weigh 5 4 3 2 1), 0 for decimal points and non-digit positions."""
@@ -203,7 +204,7 @@ def place_weights(
 
 
 __all__ = [
-    "NumberLayout",
+    "DigitPlaces",
     "number_layout",
     "del_weights",
     "dist2_weights",

@@ -6,8 +6,8 @@ every number token with at least j digits whose first j - 1 digits are the label
 j-th digit is k. "length": the same over the tokens of the label's own number of digits L only
 (the groups below; length_conditioned then adds the per-row offset that makes them
 prefix-conditional, outside the kernels). With the 1,110 number tokens' logits laid out by first
-digit, x [n, 10, 111] (row d: "d", "d0".."d9", "d00".."d99"; LAYOUT), and the label's first two
-digits p, q:
+digit, x [n, 10, 111] (row d: "d", "d0".."d9", "d00".."d99"; PLACES_BY_POSITION), and the
+label's first two digits p, q:
 
     "any"   z^(1)_k = logsumexp(x[k, :])                                   111 tokens a digit
             z^(2)_k = logsumexp(x[p, 1 + k], x[p, 11 + 10k .. 20 + 10k])    11 tokens
@@ -51,7 +51,7 @@ SLOTS = 3
 MAXIMA, SUMS = 2 * NUM_DIGITS, SLOTS * NUM_DIGITS
 
 
-def _layout() -> Tuple[int, ...]:
+def _places_by_position() -> Tuple[int, ...]:
     places = []
     for d in range(NUM_DIGITS):
         places += [d] + [TWO + 10 * d + k for k in range(10)]
@@ -60,7 +60,7 @@ def _layout() -> Tuple[int, ...]:
 
 
 # The place (number_tokens() order) at each of the layout's 1,110 positions.
-LAYOUT = _layout()
+PLACES_BY_POSITION = _places_by_position()
 
 
 def label_prefix(target: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ vocab's slot logits) in one pass.
 Every kernel computes, from a [N, V/tp] logits shard (rank r holds ids [r * V/tp, (r+1) * V/tp);
 the linear kernel multiplies the shard out of hidden [N, h] and weight [V/tp, h] chunk by chunk),
 ce [N] and the raw digit logits [N, W] (W = 10; for a chunking vocab the slot logits, W = 30,
-formed from each rank's partial sums: slot_columns.py), with the same two collectives
+formed from each rank's partial sums: slot_columns.py; the two kinds of number columns are one
+NumberColumns protocol, number_columns.py), with the same two collectives
 (common.py): one MAX all-reduce (with the shard-size check) and one SUM all-reduce of
 [N, 2 + W]. Backward needs none
 (the linear kernel adds Megatron's SUM of grad_hidden). Each kernel is one autograd Function,
@@ -32,12 +33,12 @@ import torch
 from ..vocab import DigitVocab
 from . import linear, recompute
 from .common import (
-    DigitColumns,
     KernelPlan,
     ProcessGroup,
     VocabShard,
     check_chunk_tokens,
 )
+from .digit_columns import DigitColumns
 from .linear import LinearDigitCrossEntropy
 from .recompute import CompiledDigitCrossEntropy, RecomputeDigitCrossEntropy
 from .slot_columns import SlotColumns
@@ -113,7 +114,7 @@ def digit_cross_entropy(
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
     ce_weights: Optional[torch.Tensor] = None,
-    weight_gradient: str = "auto",
+    weight_gradient: str = linear.DEFAULT_WEIGHT_GRADIENT,
     slot_logits: str = "any",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] and the number tokens' output [N, W] for targets [N] (int64): the ten
@@ -126,10 +127,9 @@ def digit_cross_entropy(
     inplace=True lets the logits be overwritten (by the gradient; with "softmax", fp32 logits by
     the softmax first) to save one [N, V/tp] buffer. validate checks labels against the vocab
     (on the device, no host sync) and that shard sizes agree (read on the host the first time a
-    group sees a shard size). chunk_tokens: rows a pass takes at once (defaults: "recompute"
-    8 MiB of fp32; "compiled" all rows, with inplace 256 MiB of fp32 and at most an eighth of
-    the rows; "linear" 256 MiB of fp32 logits and at most an eighth of the rows; "softmax"
-    always takes all rows). ce_weights [N] (linear
+    group sees a shard size). chunk_tokens: rows a pass takes at once (defaults:
+    recompute.default_chunk_tokens, recompute.compiled_chunk_tokens and
+    linear.default_chunk_tokens; "softmax" always takes all rows). ce_weights [N] (linear
     kernel only): the weights the caller reduces ce by, up to a scalar; forward then forms the
     gradients and backward scales them, on the "forward" weight-gradient route
     (LinearDigitCrossEntropy). weight_gradient (linear kernel only): "forward", "backward" or
@@ -146,7 +146,7 @@ def digit_cross_entropy(
     else:
         kernel = resolve_kernel(kernel, inputs[0], inplace)
         local_vocab, route = inputs[0].size(-1), "forward"
-        if ce_weights is not None or weight_gradient != "auto":
+        if ce_weights is not None or weight_gradient != linear.DEFAULT_WEIGHT_GRADIENT:
             raise ValueError(
                 "ce_weights and weight_gradient apply to the linear kernel (hidden, weight) only"
             )
@@ -154,11 +154,11 @@ def digit_cross_entropy(
     chunk_tokens = _chunk_tokens(kernel, chunk_tokens, shard, n, inplace)
     vocab.check_vocab_size(shard.full_size)
     if vocab.chunked:
-        digits = SlotColumns.of(vocab, shard, slot_logits)
+        numbers = SlotColumns.of(vocab, shard, slot_logits)
     else:
-        digits = DigitColumns.of(vocab, shard)
+        numbers = DigitColumns.of(vocab, shard)
     plan = KernelPlan(
-        shard, digits, ignore_index, validate, inplace, chunk_tokens, ce_weights, route
+        shard, numbers, ignore_index, validate, inplace, chunk_tokens, ce_weights, route
     )
     return FUNCTIONS[kernel].apply(*inputs, target, plan)
 

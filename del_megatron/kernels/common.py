@@ -3,25 +3,21 @@ number-token columns, the compute dtype, the chunk size, and the two collectives
 
 The collectives are the whole communication of the primitive (docs/DEL.md, "tensor parallelism"):
 one MAX all-reduce of the row maxima that also carries +-local_size for the shard-size check
-(and, for a chunking vocab, 20 slot-group maxima a row), and one SUM all-reduce of an
-[N, 2 + W] buffer (sum of exp | target logit | the ten digit logits, or a chunking vocab's 30
-slot partial sums: kernels/slot_columns.py).
+(and NumberColumns.maxima_width more a row: a chunking vocab's 20 slot-group maxima), and one
+SUM all-reduce of an [N, 2 + W] buffer (sum of exp | target logit | the ten digit logits, or a
+chunking vocab's 30 slot partial sums: number_columns.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple, Optional, Set, Tuple, Union
+from typing import NamedTuple, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
 
-from ..device import check_on_device, int_tensor, on_device
-from ..vocab import NUM_DIGITS, DigitVocab
-
-if TYPE_CHECKING:
-    from .slot_columns import SlotColumns
+from ..device import check_on_device
+from .number_columns import NumberColumns
 
 # A tensor-parallel group, or None: the logits hold the WHOLE vocabulary (no tensor parallelism).
 # Not Megatron-Core's convention, where None in vocab_parallel_cross_entropy means "the default
@@ -65,164 +61,6 @@ class VocabShard:
             dist.all_reduce(tensor, op=op, group=self.group)
 
 
-@dataclass(frozen=True)
-class DigitColumns:
-    """The digit tokens (one digit a token) whose ids fall in this shard: their digits k and
-    their local columns, as Python tuples; `width` is the ten digits. index() gives them as
-    int64 tensors on a device, made once per device (indexing with a Python list copies it
-    from the host every time: a sync on CUDA). "Digit logits" below are the raw logits of the
-    digits, [N, width]. A chunking vocab's number tokens are SlotColumns
-    (kernels/slot_columns.py), with the same methods."""
-
-    digits: Tuple[int, ...]
-    columns: Tuple[int, ...]
-    width: int = NUM_DIGITS
-
-    @classmethod
-    def of(cls, vocab: DigitVocab, shard: VocabShard) -> DigitColumns:
-        return _digit_columns(vocab, shard.start, shard.end)
-
-    def index(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(digits, columns), int64 [k] each, on `device`."""
-        return (
-            on_device(("digits", self.digits), device, int_tensor(self.digits)),
-            on_device(("columns", self.columns), device, int_tensor(self.columns)),
-        )
-
-    def read(self, logits: torch.Tensor) -> torch.Tensor:
-        """[N, k] this shard's digit logits (their columns of logits [N, V/tp])."""
-        return logits.index_select(-1, self.index(logits.device)[1])
-
-    # What a kernel's SUM buffer carries per row for these columns (the digit logits), and how
-    # many more maxima per row its MAX all-reduce carries (none): see SlotColumns for the others.
-    @property
-    def out_width(self) -> int:
-        return self.width
-
-    maxima_width = 0
-
-    def prefix(self, target: torch.Tensor) -> None:
-        """Per-row facts of the label these columns need (none)."""
-        return None
-
-    def values(self, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """[N, k] this shard's digit logits in `dtype`."""
-        return self.read(logits).to(dtype)
-
-    def local_maxima(self, values: torch.Tensor, prefix: None) -> torch.Tensor:
-        raise NotImplementedError("digit columns carry no maxima")
-
-    def write_partials_(
-        self, packed_digits: torch.Tensor, values: torch.Tensor, prefix: None, maxima: None
-    ) -> None:
-        """packed_digits [N, width] (zeros) gets this shard's digit logits at their digits."""
-        if self.columns:
-            digits, _ = self.index(values.device)
-            packed_digits.index_copy_(-1, digits, values.to(packed_digits.dtype))
-
-    def write_into(self, packed_digits: torch.Tensor, logits: torch.Tensor) -> None:
-        """packed_digits [N, width] (zeros) gets this shard's digit logits at their digits."""
-        if self.columns:
-            values = self.values(logits, packed_digits.dtype)
-            self.write_partials_(packed_digits, values, None, None)
-
-    def finish(self, summed: torch.Tensor, maxima: None) -> torch.Tensor:
-        """[N, width] the digit logits from the reduced SUM buffer's columns."""
-        return summed.contiguous()
-
-    def forward_values(self, out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """What a kernel keeps of forward to form these columns' gradient from: the digit
-        logits [N, width] it returned."""
-        return out
-
-    def values_from_forward(self, kept: torch.Tensor) -> torch.Tensor:
-        """[N, k] this shard's values from forward_values' [N, width]."""
-        return self.of_digits(kept)
-
-    def column_gradient(
-        self,
-        values: torch.Tensor,
-        shift: torch.Tensor,
-        log_sum_exp: torch.Tensor,
-        scale: torch.Tensor,
-        onehot_column: torch.Tensor,
-        prefix: None,
-        out: Optional[torch.Tensor],
-        grad_out: Optional[torch.Tensor],
-    ) -> torch.Tensor:
-        """[N, k] the whole gradient at this shard's digit columns, in values' dtype: the
-        softmax's (p - onehot) * scale plus grad_out [N, width] (None: zero)."""
-        probs = torch.exp(values - shift.unsqueeze(-1) - log_sum_exp.unsqueeze(-1))
-        hit = onehot_column.unsqueeze(-1) == self.index(values.device)[1]
-        grad = (probs - hit.to(probs.dtype)) * scale.unsqueeze(-1)
-        if grad_out is not None:
-            grad += self.of_digits(grad_out).to(grad.dtype)
-        return grad
-
-    def term_gradient(
-        self,
-        grad_out: torch.Tensor,
-        values: Optional[torch.Tensor],
-        prefix: None,
-        out: Optional[torch.Tensor],
-    ) -> torch.Tensor:
-        """[N, k] the gradient that grad_out [N, width] gives this shard's digit columns."""
-        return self.of_digits(grad_out)
-
-    def add_term_gradient_(
-        self,
-        grad: torch.Tensor,
-        values: Optional[torch.Tensor],
-        prefix: None,
-        out: Optional[torch.Tensor],
-        grad_out: torch.Tensor,
-    ) -> None:
-        """grad [N, V/tp] += the gradient that grad_out [N, width] gives these columns."""
-        self.add_gradient_(grad, grad_out)
-
-    def column_index(self, device: torch.device) -> torch.Tensor:
-        """int64 [k] this shard's digit columns on `device`."""
-        return self.index(device)[1]
-
-    def of_digits(self, per_digit: torch.Tensor) -> torch.Tensor:
-        """[N, k] this shard's digits' entries of per_digit [N, width]."""
-        return per_digit.index_select(-1, self.index(per_digit.device)[0])
-
-    def add_gradient_(self, grad: torch.Tensor, grad_digits: torch.Tensor) -> None:
-        """grad [N, V/tp] += grad_digits [N, width] at this shard's digit columns."""
-        if self.columns:
-            _, columns = self.index(grad.device)
-            grad.index_add_(-1, columns, self.of_digits(grad_digits).to(grad.dtype))
-
-    def set_gradient_(self, grad: torch.Tensor, values: torch.Tensor) -> None:
-        """grad [N, V/tp] at this shard's digit columns becomes values [N, k]."""
-        grad.index_copy_(-1, self.index(grad.device)[1], values.to(grad.dtype))
-
-    def within(self, start: int, end: int) -> DigitColumns:
-        """The digits among local columns [start, end), numbered from start (a vocab tile)."""
-        return _within(self, start, end)
-
-
-# A vocab's number-token columns on a shard: the ten digits (DigitColumns), or a chunking
-# vocab's 1,110 number tokens (SlotColumns, kernels/slot_columns.py). Kernels use the same
-# methods on both.
-NumberColumns = Union["DigitColumns", "SlotColumns"]
-
-
-@lru_cache(maxsize=256)
-def _digit_columns(vocab: DigitVocab, start: int, end: int) -> DigitColumns:
-    ids = [i for i, _ in vocab.number_tokens()]
-    pairs = [(k, i - start) for k, i in enumerate(ids) if start <= i < end]
-    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs), len(ids))
-
-
-@lru_cache(maxsize=1024)
-def _within(digits: DigitColumns, start: int, end: int) -> DigitColumns:
-    both = zip(digits.digits, digits.columns, strict=True)
-    pairs = [(k, c - start) for k, c in both if start <= c < end]
-    return DigitColumns(tuple(k for k, _ in pairs), tuple(c for _, c in pairs), digits.width)
-
-
 class TargetRows(NamedTuple):
     """Per-row target facts, each [N]: not ignored, owned by this shard, local column (0 if not)."""
 
@@ -262,7 +100,7 @@ class KernelPlan:
     autograd Function: Kernel.apply(*inputs, target, plan)."""
 
     shard: VocabShard
-    digits: NumberColumns
+    numbers: NumberColumns
     ignore_index: int
     validate: bool
     inplace: bool
@@ -310,10 +148,14 @@ def check_labels_in_vocab(target: torch.Tensor, valid: torch.Tensor, full_size: 
     check_on_device(~bad.any(), LABELS_OUTSIDE.format(full_size=full_size), found)
 
 
-def new_maxima(n: int, dtype: torch.dtype, device: torch.device, extra: int = 0) -> torch.Tensor:
-    """[N * (1 + extra) + 2] buffer for global_row_max: row maxima first, then `extra` more
-    maxima a row ([N, extra], a chunking vocab's slot groups), two slots for the size check."""
-    return torch.empty(n * (1 + extra) + 2, dtype=dtype, device=device)
+def new_maxima(
+    n: int, dtype: torch.dtype, device: torch.device, width: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The buffer for global_row_max, [N * (1 + width) + 2]: row maxima, then `width` more
+    maxima a row (NumberColumns.maxima_width), then two entries for the size check. Returns it
+    and its views of the row maxima [N] and of the others [N, width]."""
+    maxima = torch.empty(n * (1 + width) + 2, dtype=dtype, device=device)
+    return maxima, maxima[:n], maxima[n:-2].view(n, width)
 
 
 # (group, local_size) pairs whose shard sizes were checked across the group (global_row_max).
@@ -325,7 +167,8 @@ def global_row_max(maxima: torch.Tensor, shard: VocabShard, check_sizes: bool) -
     the last two carry +-local_size, so that every rank sees the same shard-size verdict and all
     of them raise together (no collective is left waiting). The verdict is read on the host
     (one sync) the first time a group sees a shard size; later calls with the same sizes skip
-    it. Returns the global maxima: [N], or [N * (1 + extra)] from new_maxima(..., extra)."""
+    it. Reduces in place (new_maxima's views then hold the global maxima) and returns
+    maxima[:-2]."""
     n = maxima.numel() - 2
     maxima.narrow(0, n, 1).fill_(shard.local_size)
     maxima.narrow(0, n + 1, 1).fill_(-shard.local_size)

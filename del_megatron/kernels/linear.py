@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-from dataclasses import replace
 from typing import Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import torch
@@ -45,7 +44,7 @@ import torch.distributed as dist
 
 from ..device import check_on_device
 from . import recompute
-from .common import KernelPlan, TargetRows, compute_dtype, rows_per_chunk
+from .common import KernelPlan, NumberColumns, TargetRows, compute_dtype, rows_per_chunk
 
 # Rows of a chunk when the caller gives no chunk size: as many as LINEAR_CHUNK_BYTES of fp32
 # logits hold (the chunk itself is in the input dtype: 128 MiB of bf16), and no more than
@@ -71,6 +70,7 @@ SCALE_TOLERANCE = 32
 
 
 WEIGHT_GRADIENTS = ("auto", "forward", "backward")
+DEFAULT_WEIGHT_GRADIENT = "auto"
 
 FP16_FORWARD = (
     "the 'forward' weight-gradient route forms its gradient products in forward, before the "
@@ -207,7 +207,7 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
         dtype, device, n = compute_dtype(hidden), hidden.device, hidden.size(0)
         rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
         ce = torch.empty(n, dtype=dtype, device=device)
-        digit_logits = torch.empty(n, plan.digits.width, dtype=dtype, device=device)
+        out = torch.empty(n, plan.numbers.out_width, dtype=dtype, device=device)
         # The softmax is exp((logits - shift) - log_sum_exp): exact for logits of any size.
         shift = torch.empty(n, dtype=dtype, device=device)
         log_sum_exp = torch.empty_like(shift)
@@ -218,20 +218,17 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
             early = _EarlyGradients.new(hidden, weight, plan)
         step = plan.chunk_tokens
         first_pass, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
-        prefix = plan.digits.prefix(target)
-        kept = []  # a chunking vocab's layout values, chunk by chunk
+        numbers = plan.numbers.for_labels(target)
+        kept = []  # numbers.forward_values, chunk by chunk
         for start in range(0, n, step):
             part = slice(start, start + step)
             logits, chunk_rows = _chunk_logits(hidden[part], weight), rows.rows(part)
-            chunk_prefix = None if prefix is None else prefix[part]
-            ce[part], digit_logits[part], shift[part], log_sum_exp[part], values = (
-                recompute.statistics(
-                    logits, chunk_rows, plan, first_pass, sub_step, plan.validate and start == 0,
-                    chunk_prefix, keep_values=True,
-                )
+            chunk_numbers = numbers.rows(part)
+            ce[part], out[part], shift[part], log_sum_exp[part], values = recompute.statistics(
+                logits, chunk_rows, plan, chunk_numbers, first_pass, sub_step,
+                plan.validate and start == 0,
             )  # fmt: skip
-            if prefix is not None:
-                kept.append(values)
+            kept.append(chunk_numbers.forward_values(out[part], values))
             if early is not None:
                 # The chunk becomes its gradient in place.
                 recompute.gradient_into(
@@ -240,14 +237,11 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                     shift[part],
                     log_sum_exp[part],
                     chunk_rows,
-                    plan,
+                    chunk_numbers.with_forward(values, out[part]),
                     second_pass,
                     sub_step,
                     early.ce_weights[part],
                     None,
-                    prefix=chunk_prefix,
-                    out=None if prefix is None else digit_logits[part],
-                    number_values=values if prefix is not None else None,
                 )
                 _add_chunk_gradients_(
                     logits,
@@ -259,29 +253,28 @@ class LinearDigitCrossEntropy(torch.autograd.Function):
                 )
             del logits
         # What backward's recomputed logits take the target and number columns' gradient
-        # from: the digit logits, or a chunking vocab's layout values (with its slot logits).
+        # from: the digit logits, or a chunking vocab's layout values.
         target_prob = torch.exp(-ce)
-        forward_numbers = digit_logits.clone() if prefix is None else torch.cat(kept)
-        slot_out = None if prefix is None else digit_logits
+        forward_numbers = torch.cat(kept)
+        numbers = numbers.with_forward(forward_numbers, out)
         ctx.save_for_backward(
-            hidden, weight, shift, log_sum_exp, target_prob, forward_numbers, prefix, slot_out,
-            *rows,
+            hidden, weight, shift, log_sum_exp, target_prob, forward_numbers, *rows,
+            *numbers.saved(),
         )  # fmt: skip
         # Intermediates of forward alone, kept on ctx: backward scales them in place and drops
         # them (a second backward recomputes).
         ctx.plan, ctx.early, ctx.sink = plan, early, sink
         ctx.set_materialize_grads(False)
-        return ce, digit_logits
+        return ce, out
 
     @staticmethod
     def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        hidden, weight, shift, log_sum_exp, target_prob, forward_numbers, prefix, out, *rest = (
-            ctx.saved_tensors
-        )
-        plan, rows, early, grads = ctx.plan, TargetRows(*rest), ctx.early, None
+        hidden, weight, shift, log_sum_exp, target_prob, forward_numbers, *rest = ctx.saved_tensors
+        plan, rows, early, grads = ctx.plan, TargetRows(*rest[:3]), ctx.early, None
         sink = ctx.sink
+        numbers = plan.numbers.from_saved(tuple(rest[3:]))
         saved = _BackwardInputs(
-            shift, log_sum_exp, rows, plan, (target_prob, forward_numbers), prefix, out
+            shift, log_sum_exp, rows, plan, (target_prob, forward_numbers), numbers
         )
         ctx.early = None
         if early is not None:
@@ -304,16 +297,15 @@ class _BackwardInputs(NamedTuple):
     """What backward forms the gradient of a block of logits from: the row maxima (shift) [N],
     the log-sum-exp of the logits minus them [N], the target rows, the plan, the target
     probability [N] and the number columns' values as forward formed them
-    (recompute.gradient_into's forward_values), and for a chunking vocab the label prefixes
-    [N, 2] and the slot logits [N, 30] (None otherwise)."""
+    (recompute.gradient_into's forward_values), and the number columns bound to forward's
+    (NumberColumns.with_forward)."""
 
     shift: torch.Tensor
     log_sum_exp: torch.Tensor
     rows: TargetRows
     plan: KernelPlan
     forward_values: Tuple[torch.Tensor, torch.Tensor]
-    prefix: Optional[torch.Tensor] = None
-    out: Optional[torch.Tensor] = None
+    numbers: NumberColumns
 
 
 def _recomputed_gradients(
@@ -327,7 +319,7 @@ def _recomputed_gradients(
     """Each chunk multiplied out again and turned into this rank's share of grad_hidden [N, h]
     (summed over the group by the caller) and grad_weight [V/tp, h] in the compute dtype (its
     products formed in that dtype when a sink takes it)."""
-    shift, log_sum_exp, rows, plan, (target_prob, forward_numbers), prefix, out = saved
+    shift, log_sum_exp, rows, plan, (target_prob, forward_numbers), numbers = saved
     step = plan.chunk_tokens
     _, second_pass, sub_step = chunk_passes(hidden, weight.size(0), step)
     grad_hidden = torch.empty_like(hidden)
@@ -343,14 +335,12 @@ def _recomputed_gradients(
             shift[part],
             log_sum_exp[part],
             rows.rows(part),
-            plan,
+            numbers.rows(part),
             second_pass,
             sub_step,
             None if grad_ce is None else grad_ce[part],
             None if grad_digits is None else grad_digits[part],
             (target_prob[part], forward_numbers[part]),
-            None if prefix is None else prefix[part],
-            None if out is None else out[part],
         )
         _add_chunk_gradients_(
             logits, hidden[part], weight, grad_hidden[part], grad_weight, sink is not None
@@ -373,13 +363,12 @@ def _by_tile(
     forms it; with a sink, added to the sink's accumulator in its dtype instead, and None
     returned) and into this rank's share of grad_hidden [N, h] (summed over the tiles in the
     compute dtype; over the group by the caller)."""
-    shift, log_sum_exp, rows, plan, forward_values, prefix, out = saved
+    shift, log_sum_exp, rows, plan, forward_values, numbers = saved
     n, local_vocab = hidden.size(0), weight.size(0)
-    # A chunking vocab's number columns: their gradient over the whole layout, formed once and
-    # picked tile by tile.
-    layout_grad = None
-    if prefix is not None and plan.digits.columns:
-        layout_grad = _layout_gradient(saved, grad_ce, grad_digits)
+    # What the number columns' gradient needs once for all tiles (a chunking vocab's gradient
+    # over the whole layout, from forward's values; each tile picks its own).
+    scale = recompute.upstream_scale(grad_ce, rows, shift)
+    numbers = numbers.for_tiles(shift, log_sum_exp, scale, rows.onehot_column(), grad_digits)
     tile = default_tile_columns(local_vocab, n)
     _, second_pass, sub_step = chunk_passes(hidden, tile, n)
     grad_weight = torch.empty_like(weight) if sink is None else None
@@ -389,20 +378,18 @@ def _by_tile(
     for start in range(0, local_vocab, tile):
         end = min(start + tile, local_vocab)
         logits = _tile_logits(hidden, weight[start:end])
-        tile_plan = replace(plan, digits=plan.digits.within(start, end))
         recompute.gradient_into(
             logits,
             logits,
             shift,
             log_sum_exp,
             rows.within(start, end),
-            tile_plan,
+            numbers.within(start, end),
             second_pass,
             sub_step,
             grad_ce,
             grad_digits,
             forward_values,
-            layout_grad=layout_grad,
         )
         if sink is None:
             torch.matmul(logits.t(), hidden, out=grad_weight[start:end])
@@ -411,20 +398,6 @@ def _by_tile(
         _add_product_(grad_hidden, logits, weight[start:end])
         del logits
     return grad_hidden.to(hidden.dtype), grad_weight
-
-
-def _layout_gradient(
-    saved: _BackwardInputs, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """[N, 1110] a chunking vocab's number columns' whole gradient over the layout, from
-    forward's values (SlotColumns.column_gradient, every position kept)."""
-    shift, rows, plan = saved.shift, saved.rows, saved.plan
-    scale = recompute.upstream_scale(grad_ce, rows, shift)
-    values = plan.digits.values_from_forward(saved.forward_values[1]).to(shift.dtype)
-    return plan.digits.column_gradient(
-        values, shift, saved.log_sum_exp, scale, rows.onehot_column(), saved.prefix, saved.out,
-        grad_digits, held_only=False,
-    )  # fmt: skip
 
 
 # device -> whether torch.mm(..., out_dtype=torch.float32) multiplies half-precision operands
@@ -675,12 +648,10 @@ class _EarlyGradients(NamedTuple):
         formed in the accumulator's dtype too."""
         grad_weight = self.grad_weight.mul_(scale)
         grad_hidden = (self.grad_hidden.to(scale.dtype) * scale).to(hidden.dtype)
-        plan = saved.plan
-        if grad_digits is not None and plan.digits.columns:
-            columns = plan.digits.column_index(hidden.device)
-            values = plan.digits.values_from_forward(saved.forward_values[1])
-            digit_grad = plan.digits.term_gradient(grad_digits, values, saved.prefix, saved.out)
-            digit_grad = digit_grad.to(hidden.dtype)
+        numbers = saved.numbers
+        if grad_digits is not None and numbers.columns:
+            columns = numbers.column_index(hidden.device)
+            digit_grad = numbers.term_gradient(grad_digits).to(hidden.dtype)
             grad_hidden.add_(torch.matmul(digit_grad, weight.index_select(0, columns)))
             if exact:
                 product = torch.zeros(

@@ -29,6 +29,7 @@ from .common import (
     SUM_EXP,
     TARGET_LOGIT,
     KernelPlan,
+    NumberColumns,
     TargetRows,
     compute_dtype,
     global_row_max,
@@ -234,45 +235,37 @@ def statistics(
     logits: torch.Tensor,
     rows: TargetRows,
     plan: KernelPlan,
+    numbers: NumberColumns,
     first_pass: Callable,
     step: int,
     check_sizes: bool,
-    prefix: Optional[torch.Tensor] = None,
-    keep_values: bool = False,
 ) -> Tuple[torch.Tensor, ...]:
     """Forward over logits [n, V/tp], `step` rows converted at a time, with the MAX and SUM
     all-reduces: ce [n] (0 on ignored rows), the number columns' output [n, W] (the digit
-    logits, or a chunking vocab's slot logits), the row maxima (shift) [n] and the log-sum-exp
-    of the logits minus them [n], all in the compute dtype. prefix: plan.digits.prefix(target)
-    of these rows. keep_values: also return the number columns' values (what
-    plan.digits.forward_values keeps for backward)."""
+    logits, or a chunking vocab's slot logits), the row maxima (shift) [n], the log-sum-exp of
+    the logits minus them [n], all in the compute dtype, and the number columns' values
+    [n, K] (None where they read none). numbers: plan.numbers bound to these rows' labels."""
     dtype, device, n = compute_dtype(logits), logits.device, logits.size(0)
-    numbers, extra = plan.digits, plan.digits.maxima_width
-    maxima = new_maxima(n, dtype, device, extra)
-    local_max, local_sum = maxima[:n], torch.empty(n, dtype=dtype, device=device)
+    maxima, shift, number_max = new_maxima(n, dtype, device, numbers.maxima_width)
+    local_sum = torch.empty(n, dtype=dtype, device=device)
     for start in range(0, n, step):
         part = slice(start, start + step)
-        local_max[part], local_sum[part] = first_pass(logits[part])
-    local_max = local_max.clone()
-    values = numbers.values(logits, dtype) if numbers.columns or extra else None
-    if extra:
-        maxima[n:-2].view(n, extra).copy_(numbers.local_maxima(values, prefix))
-    reduced = global_row_max(maxima, plan.shard, check_sizes)
-    shift, group_max = reduced[:n], reduced[n:].view(n, extra) if extra else None
+        shift[part], local_sum[part] = first_pass(logits[part])
+    local_max = shift.clone()
+    values = numbers.values(logits, dtype)
+    numbers.write_local_maxima_(number_max, values)
+    global_row_max(maxima, plan.shard, check_sizes)  # shift: the global row maxima from here
 
     packed = new_packed(n, numbers.out_width, dtype, device)
     torch.mul(local_sum, torch.exp(local_max - shift), out=packed[:, SUM_EXP])
     packed[:, TARGET_LOGIT] = target_logit(logits, rows, dtype)
-    if values is not None:
-        numbers.write_partials_(packed[:, DIGITS], values, prefix, group_max)
+    numbers.write_partials_(packed[:, DIGITS], values, number_max)
     sum_packed(packed, plan.shard)
 
     log_sum_exp = torch.log(packed[:, SUM_EXP])
     ce = torch.where(rows.valid, log_sum_exp - (packed[:, TARGET_LOGIT] - shift), 0.0)
-    out = numbers.finish(packed[:, DIGITS], group_max)
-    if keep_values:
-        return ce, out, shift, log_sum_exp, values
-    return ce, out, shift, log_sum_exp
+    out = numbers.finish(packed[:, DIGITS], number_max)
+    return ce, out, shift, log_sum_exp, values
 
 
 def gradient_into(
@@ -281,39 +274,33 @@ def gradient_into(
     shift: torch.Tensor,
     log_sum_exp: torch.Tensor,
     rows: TargetRows,
-    plan: KernelPlan,
+    numbers: NumberColumns,
     second_pass: Callable,
     step: int,
     grad_ce: Optional[torch.Tensor],
-    grad_digits: Optional[torch.Tensor],
+    grad_out: Optional[torch.Tensor],
     forward_values: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    prefix: Optional[torch.Tensor] = None,
-    out: Optional[torch.Tensor] = None,
-    layout_grad: Optional[torch.Tensor] = None,
-    number_values: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """d(loss)/d(logits) [n, V/tp] in the logits' dtype, `step` rows at a time, given the
     upstream gradients of ce [n] and of the number columns' output [n, W] (None: zero). Written
-    into `grad` (which may be `logits` itself); grad None: a new buffer. Returns it. prefix and
-    out: a chunking vocab's label prefixes [n, 4] and the slot logits [n, W] forward gave;
-    number_values: its layout values [n, 1110] as forward read them (else read from `logits`).
+    into `grad` (which may be `logits` itself); grad None: a new buffer. Returns it. numbers:
+    the number columns bound to forward's (with_forward; for a vocab tile, within).
 
-    forward_values (target probability exp(-ce) [n], plan.digits.forward_values of forward),
-    as forward formed them: the target and number columns take their gradient from these, not
+    forward_values (target probability exp(-ce) [n], numbers.forward_values of forward), as
+    forward formed them: the target and number columns take their gradient from these, not
     from `logits`, when `logits` were multiplied out again by another matmul (a vocab tile's may
     differ from forward's in the last bits, and a saturated target's gradient p - 1 is all
-    rounding). layout_grad: a chunking vocab's number columns' gradient over the whole layout
-    [n, 1110], formed once for all vocab tiles (the columns pick theirs)."""
+    rounding)."""
     scale = upstream_scale(grad_ce, rows, shift)
     onehot_column = rows.onehot_column()
-    n, numbers = logits.size(0), plan.digits
+    n = logits.size(0)
     # The number columns' values are read before an in-place gradient overwrites them.
-    values = number_values
-    if values is None and layout_grad is None and numbers.columns:
+    values = None
+    if numbers.columns:
         if forward_values is not None:
             values = numbers.values_from_forward(forward_values[1]).to(shift.dtype)
         else:
-            values = numbers.values(logits, shift.dtype)
+            values = numbers.backward_values(logits, shift.dtype)
     if grad is None and step >= n:
         grad = second_pass(logits, shift, log_sum_exp, scale, onehot_column)
     else:
@@ -327,12 +314,9 @@ def gradient_into(
         _set_target_gradient_(grad, forward_values[0], scale, onehot_column)
     if numbers.columns:
         # The number columns get their whole gradient in the compute dtype, rounded once.
-        if layout_grad is not None:
-            column_grad = numbers.pick(layout_grad)
-        else:
-            column_grad = numbers.column_gradient(
-                values, shift, log_sum_exp, scale, onehot_column, prefix, out, grad_digits
-            )
+        column_grad = numbers.column_gradient(
+            values, shift, log_sum_exp, scale, onehot_column, grad_out
+        )
         numbers.set_gradient_(grad, column_grad)
     return grad
 
@@ -362,22 +346,22 @@ def _forward(
     ctx, logits: torch.Tensor, target: torch.Tensor, plan: KernelPlan, compiled: bool
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
-    prefix = plan.digits.prefix(target)
+    numbers = plan.numbers.for_labels(target)
     first_pass, _ = passes(compiled)
     ce, out, shift, log_sum_exp, values = statistics(
-        logits, rows, plan, first_pass, plan.chunk_tokens, plan.validate, prefix, True
+        logits, rows, plan, numbers, first_pass, plan.chunk_tokens, plan.validate
     )
-    # A chunking vocab's layout values and slot logits, kept: backward does not read the 1,110
-    # columns again.
-    slot_out, values = (out, values) if prefix is not None else (None, None)
-    ctx.save_for_backward(logits, shift, log_sum_exp, prefix, slot_out, values, *rows)
+    # What the number columns keep of forward (a chunking vocab: its layout values and slot
+    # logits, so that backward does not read the 1,110 columns again).
+    numbers = numbers.with_forward(values, out)
+    ctx.save_for_backward(logits, shift, log_sum_exp, *rows, *numbers.saved())
     ctx.plan, ctx.compiled = plan, compiled
     ctx.set_materialize_grads(False)
     return ce, out
 
 
-def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-    logits, shift, log_sum_exp, prefix, out, values, *saved_rows = ctx.saved_tensors
+def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]):
+    logits, shift, log_sum_exp, valid, in_shard, local_target, *number_tensors = ctx.saved_tensors
     plan = ctx.plan
     _, second_pass = passes(ctx.compiled)
     grad = gradient_into(
@@ -385,15 +369,12 @@ def _backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.
         logits,
         shift,
         log_sum_exp,
-        TargetRows(*saved_rows),
-        plan,
+        TargetRows(valid, in_shard, local_target),
+        plan.numbers.from_saved(tuple(number_tensors)),
         second_pass,
         plan.chunk_tokens,
         grad_ce,
-        grad_digits,
-        prefix=prefix,
-        out=out,
-        number_values=values,
+        grad_out,
     )
     return grad, None, None
 
@@ -409,8 +390,8 @@ class RecomputeDigitCrossEntropy(torch.autograd.Function):
         return _forward(ctx, logits, target, plan, compiled=False)
 
     @staticmethod
-    def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        return _backward(ctx, grad_ce, grad_digits)
+    def backward(ctx, grad_ce: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]):
+        return _backward(ctx, grad_ce, grad_out)
 
 
 class CompiledDigitCrossEntropy(RecomputeDigitCrossEntropy):

@@ -31,33 +31,27 @@ from .common import (
 def softmax_cross_entropy_(
     work: torch.Tensor,
     rows: TargetRows,
-    digits: NumberColumns,
+    numbers: NumberColumns,
     shard: VocabShard,
     check_sizes: bool,
-    prefix: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, ...]:
     """Overwrites `work` [N, V/tp] (fp32/fp64 logits) with the softmax over the full vocab.
 
     Returns ce [N] (0 on ignored rows), the number columns' output [N, W] (the raw digit logits,
     or a chunking vocab's slot logits), the row maxima [N], the log-sum-exp of the logits minus
-    those maxima [N], and the number columns' values (None for digits; a chunking vocab's layout
-    values [N, 1110], which backward needs once `work` is the softmax). prefix:
-    digits.prefix(target).
+    those maxima [N], and the number columns' values [N, K] as read before `work` became the
+    softmax (None where they read none). numbers: bound to the rows' labels (for_labels).
     """
     n, dtype = work.size(0), work.dtype
-    extra = digits.maxima_width
-    values = digits.values(work, dtype) if digits.columns or extra else None
+    values = numbers.values(work, dtype)
 
-    maxima = new_maxima(n, dtype, work.device, extra)
-    torch.amax(work, dim=-1, out=maxima[:n])
-    if extra:
-        maxima[n:-2].view(n, extra).copy_(digits.local_maxima(values, prefix))
-    reduced = global_row_max(maxima, shard, check_sizes)
-    row_max, group_max = reduced[:n], reduced[n:].view(n, extra) if extra else None
+    maxima, row_max, number_max = new_maxima(n, dtype, work.device, numbers.maxima_width)
+    torch.amax(work, dim=-1, out=row_max)
+    numbers.write_local_maxima_(number_max, values)
+    global_row_max(maxima, shard, check_sizes)
 
-    packed = new_packed(n, digits.out_width, dtype, work.device)
-    if values is not None:
-        digits.write_partials_(packed[:, DIGITS], values, prefix, group_max)
+    packed = new_packed(n, numbers.out_width, dtype, work.device)
+    numbers.write_partials_(packed[:, DIGITS], values, number_max)
     work.sub_(row_max.unsqueeze(-1))
     packed[:, TARGET_LOGIT] = target_logit(work, rows, dtype)
     work.exp_()
@@ -68,29 +62,28 @@ def softmax_cross_entropy_(
     log_sum_exp = torch.log(sum_exp)
     ce = torch.where(rows.valid, log_sum_exp - packed[:, TARGET_LOGIT], 0.0)
     work.div_(sum_exp.unsqueeze(-1))
-    out = digits.finish(packed[:, DIGITS], group_max)
-    return ce, out, row_max, log_sum_exp, values if extra else None
+    out = numbers.finish(packed[:, DIGITS], number_max)
+    return ce, out, row_max, log_sum_exp, values
 
 
 def softmax_gradient_(
     grad: torch.Tensor,
     rows: TargetRows,
-    digits: NumberColumns,
+    numbers: NumberColumns,
     grad_ce: Optional[torch.Tensor],
-    grad_digits: Optional[torch.Tensor],
-    term_inputs: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
+    grad_out: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """Turns the softmax `grad` [N, V/tp] in place into d(loss)/d(logits) given the upstream
-    gradients of ce [N] and of the number columns' output [N, W] (None: zero). term_inputs:
-    (values, prefix, output) of a chunking vocab's forward."""
+    gradients of ce [N] and of the number columns' output [N, W] (None: zero). numbers: bound
+    to forward's (with_forward)."""
     if grad_ce is None:
         grad.zero_()
     else:
         onehot = rows.in_shard.to(grad.dtype).unsqueeze(-1)
         grad.scatter_add_(-1, rows.local_target.unsqueeze(-1), -onehot)
         grad.mul_(torch.where(rows.valid, grad_ce, 0.0).to(grad.dtype).unsqueeze(-1))
-    if grad_digits is not None:
-        digits.add_term_gradient_(grad, *term_inputs, grad_digits)
+    if grad_out is not None:
+        numbers.add_term_gradient_(grad, grad_out)
     return grad
 
 
@@ -113,21 +106,21 @@ class SoftmaxDigitCrossEntropy(torch.autograd.Function):
         else:
             work = logits.to(dtype)
         rows = TargetRows.of(target, plan.shard, plan.ignore_index, plan.validate)
-        prefix = plan.digits.prefix(target)
+        numbers = plan.numbers.for_labels(target)
         ce, out, _, _, values = softmax_cross_entropy_(
-            work, rows, plan.digits, plan.shard, plan.validate, prefix
+            work, rows, numbers, plan.shard, plan.validate
         )
-        slot_out = out if prefix is not None else None
-        ctx.save_for_backward(work, values, prefix, slot_out, *rows)
-        ctx.digits = plan.digits
+        numbers = numbers.with_forward(values, out)
+        ctx.save_for_backward(work, *rows, *numbers.saved())
+        ctx.numbers = plan.numbers
         ctx.set_materialize_grads(False)
         return ce, out
 
     @staticmethod
-    def backward(ctx, grad_ce: Optional[torch.Tensor], grad_digits: Optional[torch.Tensor]):
-        softmax, values, prefix, out, *rows = ctx.saved_tensors
+    def backward(ctx, grad_ce: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]):
+        softmax, valid, in_shard, local_target, *number_tensors = ctx.saved_tensors
         grad = softmax.clone() if softmax.dtype == torch.float64 else softmax
-        softmax_gradient_(
-            grad, TargetRows(*rows), ctx.digits, grad_ce, grad_digits, (values, prefix, out)
-        )
+        rows = TargetRows(valid, in_shard, local_target)
+        numbers = ctx.numbers.from_saved(tuple(number_tensors))
+        softmax_gradient_(grad, rows, numbers, grad_ce, grad_out)
         return grad, None, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Optional
 
-from ..kernels.linear import WEIGHT_GRADIENTS
+from ..kernels.linear import DEFAULT_WEIGHT_GRADIENT, WEIGHT_GRADIENTS
 from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
 from ..slots import DEFAULT_SLOT_LOGITS, RULES
 from ..vocab import DigitVocab
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--del-logits-free",
         nargs="?",
-        const="auto",
+        const=DEFAULT_WEIGHT_GRADIENT,
         default=False,
         choices=WEIGHT_GRADIENTS,
         metavar="WEIGHT_GRADIENT",
