@@ -3,8 +3,9 @@ the CPU demo (CE vs DEL).
 
 del-megatron check --tokenizer tok.model     # digit ids, the alpha for it, the flags to add
 del-megatron prepare --out data/             # synthetic corpus, trained SentencePiece
-del-megatron demo --out runs/demo            # a CE base, then CE and DEL continued from it (torchrun, TP=2)
-del-megatron compare --out runs/compare      # every loss x 5 seeds, means and 95% intervals (--continue-from-base)
+del-megatron demo --out runs/demo            # a CE base, CE and DEL continued from it (TP=2)
+del-megatron compare --out runs/compare      # every loss x 5 seeds, 95% intervals
+del-megatron compare --continue-from-base    # the same, continued from a CE base per seed
 """
 
 from __future__ import annotations
