@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Tuple
 
 NAMES = ["Ana", "Ben", "Chen", "Dana", "Eli", "Fay", "Gus", "Hana"]
 ITEMS = ["apples", "books", "coins", "stamps", "marbles", "cards"]
@@ -17,59 +17,59 @@ def _fmt(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if decimals else str(int(round(value)))
 
 
-def problem(rng: random.Random) -> Dict[str, str]:
-    """One problem: {"prompt": ..., "answer": ...}; the text is prompt + answer."""
-    kind = rng.choice(["add", "sub", "mul", "dec_add", "dec_sub", "word"])
-    if kind == "add":
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        return {"prompt": f"Q: {a} + {b} = ", "answer": str(a + b)}
-    if kind == "sub":
-        a, b = sorted((rng.randint(0, 99), rng.randint(0, 99)), reverse=True)
-        return {"prompt": f"Q: {a} - {b} = ", "answer": str(a - b)}
-    if kind == "mul":
-        a, b = rng.randint(0, 12), rng.randint(0, 9)
-        return {"prompt": f"Q: {a} * {b} = ", "answer": str(a * b)}
-    if kind in ("dec_add", "dec_sub"):
-        d = rng.choice([1, 2])
-        a, b = round(rng.uniform(0, 10), d), round(rng.uniform(0, 10), d)
-        if kind == "dec_sub":
-            a, b = max(a, b), min(a, b)
-            return {"prompt": f"Q: {_fmt(a, d)} - {_fmt(b, d)} = ", "answer": _fmt(a - b, d)}
-        return {"prompt": f"Q: {_fmt(a, d)} + {_fmt(b, d)} = ", "answer": _fmt(a + b, d)}
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(1, 50), rng.randint(1, 50)
-    return {
-        "prompt": f"Q: {name} has {a} {item} and gets {b} more. How many {item}? A: ",
-        "answer": str(a + b),
-    }
+class Ranges(NamedTuple):
+    """What a distribution's problems draw their numbers from (inclusive integer bounds)."""
+
+    operands: Tuple[int, int]  # of addition and subtraction
+    factors: Tuple[Tuple[int, int], Tuple[int, int]]
+    places: Tuple[int, ...]  # decimal places of the decimal problems
+    decimal_max: float  # their operands are uniform in [0, decimal_max]
+    items: Tuple[int, int]  # of the word problems
 
 
-def shifted_problem(rng: random.Random) -> Dict[str, str]:
-    """One problem of the shifted distribution: the base's templates with longer operands
-    (three digits, two-digit factors) and decimals of two and three places up to 100."""
+# The base distribution's, and the shifted one's: longer operands (three digits, two-digit
+# factors), decimals of two and three places up to 100, more items.
+BASE_RANGES = Ranges((0, 99), ((0, 12), (0, 9)), (1, 2), 10.0, (1, 50))
+SHIFTED_RANGES = Ranges((100, 999), ((10, 99), (2, 9)), (2, 3), 100.0, (10, 500))
+
+
+def _draw(rng: random.Random, ranges: Ranges) -> Dict[str, str]:
+    """One problem with numbers from `ranges`: {"prompt": ..., "answer": ...}; the text is
+    prompt + answer."""
     kind = rng.choice(["add", "sub", "mul", "dec_add", "dec_sub", "word"])
     if kind in ("add", "sub"):
-        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        a, b = rng.randint(*ranges.operands), rng.randint(*ranges.operands)
         if kind == "sub":
             a, b = max(a, b), min(a, b)
             return {"prompt": f"Q: {a} - {b} = ", "answer": str(a - b)}
         return {"prompt": f"Q: {a} + {b} = ", "answer": str(a + b)}
     if kind == "mul":
-        a, b = rng.randint(10, 99), rng.randint(2, 9)
+        a, b = (rng.randint(*bounds) for bounds in ranges.factors)
         return {"prompt": f"Q: {a} * {b} = ", "answer": str(a * b)}
     if kind in ("dec_add", "dec_sub"):
-        d = rng.choice([2, 3])
-        a, b = round(rng.uniform(0, 100), d), round(rng.uniform(0, 100), d)
+        d = rng.choice(ranges.places)
+        a = round(rng.uniform(0, ranges.decimal_max), d)
+        b = round(rng.uniform(0, ranges.decimal_max), d)
         if kind == "dec_sub":
             a, b = max(a, b), min(a, b)
             return {"prompt": f"Q: {_fmt(a, d)} - {_fmt(b, d)} = ", "answer": _fmt(a - b, d)}
         return {"prompt": f"Q: {_fmt(a, d)} + {_fmt(b, d)} = ", "answer": _fmt(a + b, d)}
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(10, 500), rng.randint(10, 500)
+    a, b = rng.randint(*ranges.items), rng.randint(*ranges.items)
     return {
         "prompt": f"Q: {name} has {a} {item} and gets {b} more. How many {item}? A: ",
         "answer": str(a + b),
     }
+
+
+def problem(rng: random.Random) -> Dict[str, str]:
+    """One problem of the base distribution."""
+    return _draw(rng, BASE_RANGES)
+
+
+def shifted_problem(rng: random.Random) -> Dict[str, str]:
+    """One problem of the shifted distribution."""
+    return _draw(rng, SHIFTED_RANGES)
 
 
 def continued_problem(rng: random.Random) -> Dict[str, str]:
