@@ -402,3 +402,22 @@ def test_prepare_chunked_trains_a_tokenizer_that_check_reads_as_chunking(tmp_pat
     assert single.loss == "del" and single.vocab == vocab.single_digits_only()
     assert _loss_config(TrainConfig("", "", loss="del"), vocab).vocab == vocab
     assert parse_arm("del_single").name == "del_single"
+
+
+def test_the_continued_corpus_replays_half_base_and_is_scored_on_shifted_problems():
+    import re
+
+    from del_megatron.demo.corpus import BASE, CONTINUED, synthetic
+
+    def operands(p):
+        match = re.match(r"Q: (\d+) [+-] (\d+) = $", p["prompt"])
+        return None if match is None else [int(x) for x in match.groups()]
+
+    held = [operands(p) for p in synthetic(600, 5, CONTINUED, held_out=True)]
+    assert all(min(o) >= 100 for o in held if o) and sum(1 for o in held if o) > 100
+    base = [operands(p) for p in synthetic(600, 5, BASE)]
+    assert all(max(o) <= 99 for o in base if o)
+    train = [o for o in map(operands, synthetic(4000, 5, CONTINUED)) if o]
+    shifted = sum(min(o) >= 100 for o in train) / len(train)
+    assert 0.4 < shifted < 0.6, shifted  # half of the documents shifted, half replayed
+    assert synthetic(50, 5, CONTINUED) == synthetic(50, 5, CONTINUED)
