@@ -18,7 +18,7 @@ import subprocess
 import sys
 import warnings
 from dataclasses import Field, fields
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from .demo.config import (
     BASE_STEPS,
@@ -123,13 +123,21 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+def _settings(args, skip: Sequence[str] = (), **override) -> Dict[str, object]:
+    """The demo's training settings (TrainConfig fields that are flags, but `skip`) from the
+    arguments, `override` replacing some by name."""
+    return {
+        f.name: override.get(f.name, getattr(args, f.name))
+        for f in fields(TrainConfig)
+        if f.name not in NOT_FLAGS and f.name not in skip
+    }
+
+
 def _train_flags(args, skip: Sequence[str] = (), **override) -> List[str]:
-    """The flags that hand the demo's training settings on to a `train` worker (`override`:
-    settings by name that replace the arguments')."""
+    """The flags that hand the demo's training settings on to a `train` worker."""
     argv = []
-    for f in fields(TrainConfig):
-        if f.name not in NOT_FLAGS and f.name not in skip:
-            argv += [_flag(f.name), str(override.get(f.name, getattr(args, f.name)))]
+    for name, value in _settings(args, skip, **override).items():
+        argv += [_flag(name), str(value)]
     return argv
 
 
@@ -243,6 +251,7 @@ def _torchrun(nproc: int, argv: List[str]) -> List[str]:
 
 def _demo(args) -> int:
     from .demo import continued
+    from .demo.compare import read_run
     from .demo.report import curve_table, plot, plot_shape, table, write_results
 
     base_data, data_dir = continued.prepare_data(
@@ -256,7 +265,7 @@ def _demo(args) -> int:
     base_args += ["--base-data-dir", base_data, *resume]
     base_args += _train_flags(args, **_base_overrides(args))
     code = subprocess.call(_torchrun(args.nproc, base_args), env=env)
-    base = _read_metrics(base_dir) if code == 0 else {}
+    base = read_run(base_dir)
     if code != 0:
         print(f"training the base failed (exit {code})", file=sys.stderr)
         return code
@@ -275,8 +284,8 @@ def _demo(args) -> int:
         if code != 0:
             print(f"training with loss {loss!r} failed (exit {code})", file=sys.stderr)
             return code
-        runs[loss] = _read_metrics(out_dir)
-    if not all(run["finished"] for run in runs.values()):
+        runs[loss] = read_run(out_dir)
+    if not all(run.get("finished") for run in runs.values()):
         print("stopped before the last step; rerun with --resume to continue", file=sys.stderr)
         return 0
     continued.add_base_change({loss: {0: run} for loss, run in runs.items()}, {0: base})
@@ -291,11 +300,6 @@ def _demo(args) -> int:
     print(table(runs, base))
     print(f"wrote {path}, {png} and {shape}")
     return 0
-
-
-def _read_metrics(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "metrics.json")) as fh:
-        return json.load(fh)
 
 
 def _compare(args) -> int:
@@ -319,11 +323,7 @@ def _compare(args) -> int:
             argv += _train_flags(args, skip=COMPARE_SETS, **base_flags)
             return subprocess.call(_torchrun(args.nproc, argv), env=env)
 
-        base_config = {
-            f.name: base_flags.get(f.name, getattr(args, f.name))
-            for f in fields(TrainConfig)
-            if f.name not in NOT_FLAGS and f.name not in COMPARE_SETS
-        }
+        base_config = _settings(args, COMPARE_SETS, **base_flags)
 
         def before_seed(seed: int) -> None:
             bases[seed] = continued.ensure_base(args.out, seed, train_base, base_config)
@@ -347,11 +347,7 @@ def _compare(args) -> int:
         return subprocess.call(_torchrun(args.nproc, train_args), env=env)
 
     try:
-        settings = {
-            f.name: getattr(args, f.name)
-            for f in fields(TrainConfig)
-            if f.name not in NOT_FLAGS and f.name not in COMPARE_SETS
-        }
+        settings = _settings(args, COMPARE_SETS)
         results = sweep(args.out, args.losses, args.seeds, train, settings, before_seed=before_seed)
     except RuntimeError as exc:
         print(f"del-megatron compare: {exc}", file=sys.stderr)
