@@ -1,10 +1,11 @@
 """del-megatron: the Digit Entropy Loss (and its peers) for Megatron-Core, vocab-parallel.
 
-The math is docs/DEL.md. Modules, each importing only those above it:
-vocab (DigitVocab), sequence (CP / packed positions) | kernels/ (the vocab-parallel primitive),
-numbers (place weights), heads (per-token terms), reference (slow oracles), tokenizers (digit ids
-of real tokenizers), preflight | loss (the public entry) | megatron/ (framework glue), cpu/ |
-demo/ | cli. `python -m tests.test_imports` prints the graph.
+The math is docs/DEL.md. Modules, each importing only those before it (calls and
+TYPE_CHECKING included): number_tokens, tokenizers (digit ids of real tokenizers), vocab
+(DigitVocab), sequence (CP / packed positions) | kernels/ (the vocab-parallel primitive),
+numbers (place weights), heads (per-token terms), reference (slow oracles), preflight | loss
+(the public entry) | megatron/ (framework glue), cpu/ | demo/ | cli.
+`python -m tests.test_imports` prints the graph.
 """
 
 from .loss import (

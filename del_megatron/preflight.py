@@ -19,12 +19,11 @@ from .tokenizers import (
     QWEN_PATTERN,
     MultiDigitTokens,
     OffsetEncoding,
-    digit_vocab_from_tokenizer,
     load_gpt2_bpe,
     load_tokenizer,
     spaced_digit_tokens,
 )
-from .vocab import DigitVocab
+from .vocab import DigitVocab, digit_vocab_from_tokenizer
 
 # `--del-alpha`'s default (del_megatron/megatron/args.py): the smaller of the DEL paper's two
 # settings, for tokenizers the paper did not train with.

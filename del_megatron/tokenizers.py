@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
-from .vocab import NUM_DIGITS, NUM_MULTI_DIGIT, DigitVocab, multi_digit_text
+from .number_tokens import NUM_DIGITS, NUM_MULTI_DIGIT, multi_digit_text
 
 logger = logging.getLogger("del_megatron")
 
@@ -194,7 +194,7 @@ def _spaced_refusal(name: str, spaced: List[Tuple[int, str]], digit_ids: List[in
 
 def _number_digit_ids(encode, decode, name: str, allow: bool) -> Tuple[List[int], List[int]]:
     """(ids of '0'..'9', ids of a chunking vocab's 1,100 number tokens or []) as
-    digit_vocab_from_tokenizer finds them."""
+    number_token_ids finds them."""
     probe = _pieces(encode, decode, DIGITS_PROBE)
     merged = _merged(probe) + [
         m for text in NUMBER_PROBES for m in _merged(_pieces(encode, decode, text))
@@ -235,14 +235,25 @@ def _number_digit_ids(encode, decode, name: str, allow: bool) -> Tuple[List[int]
     return _single_digit_ids(encode, decode, name), []
 
 
-def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False) -> DigitVocab:
-    """DigitVocab of `tok`: one digit a token, or a chunking vocab (all 1,110 number tokens,
-    numbers cut left to right in chunks of up to three; DigitVocab.multi_digit_ids) when the
-    tokenizer is one. Any other tokenizer whose numbers hold other tokens (digits merged, or a
-    digit after a space as a token of its own, GPT-2's 'Ġ4') raises MultiDigitTokens (a
-    ValueError) with the reason, unless allow_multi_digit_tokens: then DEL applies to the bare
-    single-digit tokens only, as they are encoded inside numbers (numbers made of other tokens
-    get no numerical term, and a run's places count tokens)."""
+class NumberTokenIds(NamedTuple):
+    """The number token ids number_token_ids finds (what DigitVocab(...) takes, in its order):
+    '0'..'9' in digit order, the decimal points (sorted), and a chunking vocab's 1,100
+    multi-digit tokens "00".."99" then "000".."999" (multi_digit_text order) or []."""
+
+    digit_ids: List[int]
+    decimal_point_ids: List[int]
+    multi_digit_ids: List[int]
+
+
+def number_token_ids(tok: Any, allow_multi_digit_tokens: bool = False) -> NumberTokenIds:
+    """The digit, '.' and multi-digit ids of `tok` (a tokenizer or a tokenizer file's path): one
+    digit a token, or a chunking vocab (all 1,110 number tokens, numbers cut left to right in
+    chunks of up to three) when the tokenizer is one. Any other tokenizer whose numbers hold
+    other tokens (digits merged, or a digit after a space as a token of its own, GPT-2's 'Ġ4')
+    raises MultiDigitTokens (a ValueError) with the reason, unless allow_multi_digit_tokens: then
+    the multi-digit ids are [] and the digit ids are the bare single-digit tokens as they are
+    encoded inside numbers. del_megatron.vocab.digit_vocab_from_tokenizer makes a DigitVocab
+    of them."""
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(os.fspath(tok))
     encode, decode = token_codec(tok)
@@ -260,7 +271,7 @@ def digit_vocab_from_tokenizer(tok: Any, allow_multi_digit_tokens: bool = False)
         )
     if not points:
         logger.warning("del_megatron: %s has no '.' token inside numbers; no decimal points", name)
-    return DigitVocab(digit_ids, sorted(points), multi_digit_ids)
+    return NumberTokenIds(digit_ids, sorted(points), multi_digit_ids)
 
 
 # Qwen2/2.5's pre-tokenizer pattern: \p{N} alone splits numbers one digit per token.

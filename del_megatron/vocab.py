@@ -10,24 +10,16 @@ from typing import Iterable, List, Tuple
 import torch
 
 from .device import on_device
-
-NUM_DIGITS = 10
-
-# Most digits a number token holds in a chunking vocabulary, and how many multi-digit tokens it
-# has: "00".."99" then "000".."999" (DigitVocab.multi_digit_ids, in that order).
-MAX_TOKEN_DIGITS = 3
-NUM_MULTI_DIGIT = 100 + 1000
-
-# Codes of a label in DigitVocab.token_codes: a number token of L digits and value v is
-# L * CODE_LENGTH + v; decimal points and other tokens are these.
-CODE_LENGTH = 1000
-CODE_OTHER = -1
-CODE_POINT = -2
-
-
-def multi_digit_text(index: int) -> str:
-    """The text of multi_digit_ids[index]: "00".."99" for 0..99, "000".."999" for 100..1099."""
-    return f"{index:02d}" if index < 100 else f"{index - 100:03d}"
+from .number_tokens import (
+    CODE_LENGTH,
+    CODE_OTHER,
+    CODE_POINT,
+    MAX_TOKEN_DIGITS,
+    NUM_DIGITS,
+    NUM_MULTI_DIGIT,
+    multi_digit_text,
+)
+from .tokenizers import number_token_ids
 
 
 def _as_id_tuple(ids: Iterable[int], what: str) -> Tuple[int, ...]:
@@ -102,14 +94,9 @@ class DigitVocab:
     def from_tokenizer(cls, tok, allow_multi_digit_tokens: bool = False) -> DigitVocab:
         """Digit and '.' ids of a SentencePiece, Hugging Face, tiktoken or Megatron tokenizer
         (or a tokenizer file's path), checked to split numbers one digit per token or in chunks
-        as Llama-3's does; allow_multi_digit_tokens accepts other tokens in numbers (digits
-        merged, GPT-2's 'Ġ4') and takes the bare digits '0'..'9' as the digit targets.
-
-        The work is del_megatron.tokenizers.digit_vocab_from_tokenizer, which imports this
-        module; it is imported here at call time only, so that vocab.py depends on nothing.
-        """
-        from .tokenizers import digit_vocab_from_tokenizer
-
+        of up to three digits as Llama-3's does; allow_multi_digit_tokens accepts other tokens in
+        numbers (digits merged, GPT-2's 'Ġ4') and takes the bare digits '0'..'9' as the digit
+        targets. The same as digit_vocab_from_tokenizer (this module)."""
         return digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens)
 
     @property
@@ -167,3 +154,14 @@ class DigitVocab:
         for i, text in self.number_tokens():
             table.narrow(0, i, 1).fill_(len(text) * CODE_LENGTH + int(text))
         return table
+
+
+def digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens: bool = False) -> DigitVocab:
+    """DigitVocab of `tok`: one digit a token, or a chunking vocab (all 1,110 number tokens,
+    numbers cut left to right in chunks of up to three; DigitVocab.multi_digit_ids) when the
+    tokenizer is one. Any other tokenizer whose numbers hold other tokens (digits merged, or a
+    digit after a space as a token of its own, GPT-2's 'Ġ4') raises MultiDigitTokens (a
+    ValueError) with the reason, unless allow_multi_digit_tokens: then DEL applies to the bare
+    single-digit tokens only, as they are encoded inside numbers (numbers made of other tokens
+    get no numerical term, and a run's places count tokens)."""
+    return DigitVocab(*number_token_ids(tok, allow_multi_digit_tokens))
