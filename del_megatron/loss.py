@@ -145,6 +145,15 @@ class LossParts(NamedTuple):
         return self.ce + weight * self.term
 
 
+def digit_term_scale(n_tokens: torch.Tensor, n_digits: torch.Tensor) -> torch.Tensor:
+    """The "digit" reduction: the factor [] on the term of the token form CE_t + alpha * term_t
+    that makes the masked mean over n_tokens loss tokens weigh the term as a mean over their
+    n_digits digit targets: n_tokens / n_digits (a span without digits counts one). Every
+    scope computes it here: a sequence (numerical_lm_loss), a micro-batch and a training step
+    (del_megatron.megatron.reduction). Floating tensors, on the device: no host sync."""
+    return n_tokens / n_digits.clamp(min=1)
+
+
 # Any fixed vocab serves loss="ce": its digit logits are computed but unused.
 _CE_ONLY_VOCAB = DigitVocab(range(NUM_DIGITS))
 
@@ -317,9 +326,8 @@ def _result(
     if cfg.loss == "ce":
         return parts.ce
     if cfg.reduction == "digit":
-        ratio = parts.n_tokens.to(parts.term.dtype) / parts.n_digits.clamp(min=1).to(
-            parts.term.dtype
-        )
+        dtype = parts.term.dtype
+        ratio = digit_term_scale(parts.n_tokens.to(dtype), parts.n_digits.to(dtype))
         parts = parts._replace(term=parts.term * ratio)
     return parts.token_loss(cfg.token_weight)
 
@@ -433,10 +441,8 @@ def numerical_linear_loss(
     the weight's summed over the token chunks into an fp32 [V_local, h] accumulator held until
     backward, 3 matmuls as the materialised path. "backward": in backward, vocab tile by vocab
     tile, one matmul more, nothing [V_local, h] but the gradient and an fp32 [N, h] for
-    grad_hidden. "auto": "forward" in fp32 (the accumulator is the gradient itself); in
-    bf16 while h <= N/8 for N = s * b tokens (the accumulator and its copy stay small beside the
-    logits) or V_local <= 1.5 N (the backward route's buffers would be larger); in fp16 always
-    "backward" ("forward" is refused there: kernels/linear.py's FP16_FORWARD).
+    grad_hidden. "auto": the route kernels/linear.py's resolve_weight_gradient picks from
+    N = s * b, h, V_local and the dtype (docs/api.md gives the thresholds).
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.

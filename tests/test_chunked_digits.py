@@ -236,7 +236,7 @@ def test_megatron_flags_and_model_config_keep_the_number_tokens():
     from tokenizers import Tokenizer
 
     from del_megatron import megatron as dmm
-    from del_megatron.megatron.hook import cfg_from_model_config, config_fields
+    from del_megatron.megatron.settings import cfg_from_model_config, config_fields
 
     from .test_tokenizers import LLAMA3_TOKENIZER
 

@@ -9,7 +9,7 @@ import torch
 import del_megatron as dm
 from del_megatron import megatron as dmm
 from del_megatron.loss import loss_parts
-from del_megatron.megatron import telemetry
+from del_megatron.megatron import records
 from del_megatron.reference import reference_lm_loss
 
 # ids 0..9 digits, 10 '.', vocab 16
@@ -34,7 +34,7 @@ def through_loss_func(labels, mask, logits, cfg):
     output = parts.token_loss(cfg.token_weight)
     dmm.register(cfg)
     try:
-        telemetry.record(output, parts, cfg)
+        records.record(output, parts, cfg)
         loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
     finally:
         dmm.unregister()
@@ -49,7 +49,7 @@ def test_telemetry_and_reduction_by_hand(reduction):
         loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction, digit_share=share
     )
     loss, num_tokens, report, output = through_loss_func(labels, mask, logits, cfg)
-    assert telemetry.find(output) is None  # unregister() forgets the records
+    assert records.find(output) is None  # unregister() forgets the records
 
     # By hand: "31" is one number (tens, units: w = 4, 2); 'x' is not a digit; '7' is masked.
     ce, term = reference_lm_loss(labels, logits, VOCAB, loss="del")
@@ -83,7 +83,7 @@ def test_digit_free_micro_batches_report_zero_not_nan():
     output = parts.token_loss(0.2)
     dmm.register(cfg)
     try:
-        telemetry.record(output, parts, cfg)
+        records.record(output, parts, cfg)
         _, _, report = dmm.numerical_loss_func(torch.ones(1, 3), output)
     finally:
         dmm.unregister()
@@ -205,7 +205,7 @@ def test_the_fused_cross_entropy_log_says_what_replaces_it_and_at_what_memory(im
     """--cross-entropy-fusion-impl te: the materialised loss holds one more logits-sized buffer
     than TE's in-place kernel (said in bytes a logit); logits-free holds none. Never "the same
     passes"."""
-    from del_megatron.megatron.hook import fusion_replacement
+    from del_megatron.megatron.model_checks import fusion_replacement
 
     kept, free = fusion_replacement(impl), fusion_replacement(impl, "forward")
     if impl == "te":

@@ -12,7 +12,8 @@ import torch
 import del_megatron as dm
 from del_megatron import megatron as dmm
 from del_megatron.loss import loss_parts
-from del_megatron.megatron import lm, telemetry
+from del_megatron.megatron import lm, records
+from del_megatron.megatron import loss_func as dm_loss_func
 from del_megatron.megatron.accounting import DigitAccounting
 from del_megatron.reference import reference_lm_loss
 
@@ -110,10 +111,10 @@ def test_the_drop_in_over_a_patched_pretrain_gpt_wraps_and_counts_once():
         batch = next(data_iterator)
         parts = loss_parts(batch["labels"], batch["logits"], dm.NumericalLossConfig(vocab=VOCAB))
         output = parts.token_loss(cfg.alpha)
-        telemetry.record(output, parts, cfg)  # as the loss hook does
+        records.record(output, parts, cfg)  # as the loss hook does
         return output, partial(module.loss_func, batch["loss_mask"], model=model)
 
-    patched_loss_func = lm.make_loss_func(telemetry._plain_loss_func)
+    patched_loss_func = lm.make_loss_func(dm_loss_func._plain_loss_func)
     module.loss_func, module.forward_step = patched_loss_func, forward_step
     lm.install(module)
 
@@ -224,7 +225,7 @@ def test_destroy_process_groups_destroys_every_group(tmp_path):
 
 def test_loss_func_wrapper_signature_matches_megatron_lm():
     # pretrain_gpt's forward_step returns partial(loss_func, loss_mask, model=model)
-    wrapped = telemetry.make_loss_func(telemetry._plain_loss_func)
+    wrapped = dm_loss_func.make_loss_func(dm_loss_func._plain_loss_func)
     out = torch.ones(1, 3)
     loss, num_tokens, report = partial(wrapped, torch.ones(1, 3), model=None)(out)
     assert loss.item() == 3 and num_tokens.item() == 3 and "lm loss" in report

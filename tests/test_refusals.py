@@ -9,7 +9,7 @@ import torch
 
 import del_megatron as dm
 from del_megatron import megatron as dmm
-from del_megatron.megatron import lm, support, telemetry
+from del_megatron.megatron import lm, loss_func, support
 
 DIGITS = [str(i) for i in range(10, 20)]
 
@@ -247,7 +247,7 @@ def test_a_numerical_loss_run_stops_on_a_loss_the_hook_did_not_compute():
         dmm.unregister()
     assert dmm.numerical_loss_func(mask, out)[0].item() == 3
     with pytest.raises(RuntimeError):
-        telemetry.check_recorded(None, "ntl_was")
+        loss_func.check_recorded(None, "ntl_was")
 
 
 def test_the_output_layers_forward_pre_hooks_run_and_one_that_changes_its_input_is_refused():

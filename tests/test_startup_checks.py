@@ -145,7 +145,7 @@ def test_del_flags_without_a_numerical_loss_are_refused_with_the_flag_to_add(arg
 
 
 def test_the_startup_report_names_loss_weight_reduction_slot_rule_and_ids(caplog):
-    from del_megatron.megatron.hook import settings_line
+    from del_megatron.megatron.settings import settings_line
 
     chunked = dm.DigitVocab.from_tokenizer(Tokenizer.from_file(str(LLAMA3_TOKENIZER)))
     cfg = dm.NumericalLossConfig(alpha=0.1, vocab=chunked, slot_logits="length")

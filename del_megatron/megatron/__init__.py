@@ -2,12 +2,20 @@
 
 Importing it needs only torch; megatron-core is imported when a hook is registered or a model
 is trained. register() sets up all the state the glue keeps and unregister() removes it.
+
+Modules, each importing only those before it: state (the registration), settings (flags on the
+model config, read in one place), given_ids, support, logits_free, share_watch, resume |
+records, telemetry (report entries), capture (the forward in progress), groups (process
+groups), accounting (a step's counts), reduction (token and digit) | loss_func, model_checks,
+hook (the loss method, register) | enable (the one way on) | args, lm (Megatron-LM), bridge,
+nemo, pretrain_gpt_del.
 """
 
 from .accounting import DigitAccounting
 from .args import add_arguments, chain_extra_args, config_from_args, digit_vocab_from_args
-from .hook import config_fields, is_registered, register, unregister
-from .telemetry import make_loss_func, numerical_loss_func
+from .hook import is_registered, register, unregister
+from .loss_func import make_loss_func, numerical_loss_func
+from .settings import config_fields
 
 __all__ = [
     "DigitAccounting",

@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from ..device import check_on_device
+from ..loss import NumericalLossConfig, digit_term_scale
 from ..numbers import number_layout
 from ..vocab import DigitVocab
-from . import state
+from . import groups, state
 
 NO_COUNTS = (
     "DigitAccounting has no counts for this step: pass the data iterator through "
@@ -173,10 +174,9 @@ class DigitAccounting:
         if self.n_digits is None:
             raise RuntimeError(NO_COUNTS)
         n_tokens, n_digits = self._counts_on(microbatch_tokens.device)
-        n_digits = n_digits.clamp(min=1.0)
-        if self.per_token_loss:
-            return n_tokens / n_digits
-        return self.microbatches * self.ranks * microbatch_tokens.double() / n_digits
+        if not self.per_token_loss:  # Megatron divides by this micro-batch's tokens x mb x ranks
+            n_tokens = self.microbatches * self.ranks * microbatch_tokens.double()
+        return digit_term_scale(n_tokens, n_digits)
 
     def _counts_on(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         """(n_tokens, n_digits) on `device`, copied there once per counted step."""
@@ -205,3 +205,31 @@ def active() -> Optional[DigitAccounting]:
     """The current registration's step accounting, if it has one (yet)."""
     registration = state.current()
     return registration.accounting if registration is not None else None
+
+
+def for_model(
+    cfg: NumericalLossConfig,
+    model: Any,
+    num_microbatches: Union[int, Callable[[], int]],
+    *,
+    per_token_loss: bool,
+    share_over_tp: bool = False,
+    eval_microbatches: Union[None, int, Callable[[], int]] = None,
+) -> DigitAccounting:
+    """The step accounting of a Megatron-LM or Megatron-Bridge run of `model`. Each data-parallel
+    rank's iterator yields whole sequences (CP slices them later), so the counts are summed over
+    the DP group and Megatron averages over DP x CP ranks. share_over_tp: only the first
+    tensor-parallel rank reads data (Megatron-LM), and the others receive the counts by
+    broadcast from it. Groups: groups.process_groups(model)."""
+    dp, dp_cp, tp = groups.process_groups(model)
+    share = dict(share_group=tp, share_src=dist.get_global_rank(tp, 0)) if share_over_tp else {}
+    return DigitAccounting(
+        cfg.vocab,
+        num_microbatches,
+        group=dp,
+        per_token_loss=per_token_loss,
+        ignore_index=cfg.ignore_index,
+        ranks=dist.get_world_size(dp_cp),
+        eval_microbatches=eval_microbatches,
+        **share,
+    )

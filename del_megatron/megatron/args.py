@@ -12,7 +12,6 @@ from ..vocab import DigitVocab
 from ..weights import check_digit_share, check_weight
 from . import state
 from .given_ids import check_given_points, check_given_vocab, ids_text, tokenizer_vocab
-from .hook import config_fields
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -295,9 +294,3 @@ def check_reduction_flags(args) -> None:
         )
     if share is not None:
         check_digit_share(share, "--del-digit-share")
-
-
-def set_config_fields(config, cfg: NumericalLossConfig) -> None:
-    """Copy `cfg` onto a TransformerConfig (Megatron copies args to it only by matching name)."""
-    for name, value in config_fields(cfg).items():
-        setattr(config, name, value)

@@ -31,23 +31,15 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
-from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
-from . import state
+from . import accounting, settings, state
 from .accounting import DigitAccounting
-from .given_ids import api_vocab
-from .hook import (
-    FIELD_LOSS,
-    cfg_from_model_config,
-    check_model_config,
-    config_fields,
-    register,
-)
-from .lm import counted, process_groups, unwrapped_model
-from .logits_free import set_on_model_config as set_logits_free
+from .enable import api_config, enable
+from .groups import process_groups, unwrapped_model
+from .lm import counted
 from .logits_free import weight_gradient_of
+from .loss_func import WRAPPED, apply_to_loss
 from .support import check_hybrid_context_parallel, check_logits_free
-from .telemetry import WRAPPED, apply_to_loss
 
 __all__ = [
     "enable_numerical_loss",
@@ -145,43 +137,39 @@ def enable_numerical_loss(
             "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
             "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
         )
-    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits)
-    cfg = NumericalLossConfig(
-        loss=loss,
-        alpha=alpha,
-        vocab=vocab,
-        reduction=reduction,
-        digit_share=digit_share,
-        slot_logits=slot_logits or DEFAULT_SLOT_LOGITS,
+    cfg = api_config(
+        loss, alpha, reduction, digit_share, slot_logits, vocab, tokenizer, allow_multi_digit_tokens
     )
+    vocab = cfg.vocab
     size = _vocab_size(config)
     if size is not None:
         vocab.check_vocab_size(size)
     route = weight_gradient_of(logits_free)
-    check_model_config(config, route)
-    # the reduction is recorded on the config only below; its refusals need it now
-    check_hybrid_context_parallel(
-        SimpleNamespace(
-            hybrid_context_parallel=getattr(config, "hybrid_context_parallel", False),
-            numerical_loss=cfg.loss,
-            del_reduction=cfg.reduction,
+
+    def framework_checks() -> None:
+        # the reduction is recorded on the config only after these; its refusals need it now
+        check_hybrid_context_parallel(
+            SimpleNamespace(
+                hybrid_context_parallel=getattr(config, "hybrid_context_parallel", False),
+                numerical_loss=cfg.loss,
+                del_reduction=cfg.reduction,
+            )
         )
+        if route is not None:  # a ConfigContainer's DDP and distributed settings (FSDP's)
+            for group in (getattr(target, "ddp", None), getattr(target, "dist", None)):
+                if group is not None:
+                    check_logits_free(group, route)
+
+    digit_steps = cfg.reduction == "digit"
+    enable(
+        cfg,
+        model_config=config,
+        logits_free=logits_free,
+        framework_checks=framework_checks,
+        step_accounting=functools.partial(step_accounting, cfg) if digit_steps else None,
+        # its loss function applies the digit reduction: numerical_forward_step's, not Bridge's
+        loss_func_required=digit_steps,
     )
-    if route is not None:  # a ConfigContainer's DDP and distributed settings (FSDP's switches)
-        for settings in (getattr(target, "ddp", None), getattr(target, "dist", None)):
-            if settings is not None:
-                check_logits_free(settings, route)
-    # Plain attributes, not dataclass fields: Bridge's run_config.yaml, ModelConfig.as_dict and
-    # the HF export serialise fields only, and deepcopy keeps instance attributes.
-    for name, value in config_fields(cfg).items():
-        object.__setattr__(config, name, value)
-    set_logits_free(config, logits_free)
-    make_accounting = None
-    if cfg.reduction == "digit":
-        make_accounting = functools.partial(step_accounting, cfg)
-    register(None, step_accounting=make_accounting)
-    # its loss function applies the digit reduction: numerical_forward_step's, not Bridge's
-    state.current().loss_func_required = cfg.reduction == "digit"
     return cfg
 
 
@@ -189,22 +177,19 @@ def step_accounting(
     cfg: NumericalLossConfig, model: Any, num_microbatches: Any = None
 ) -> DigitAccounting:
     """The "digit" reduction over a Bridge step. Every Bridge rank reads its own batches from
-    its data iterator (gpt_step.get_batch, whole sequences; CP slices them after), so the counts
-    are summed over the data-parallel group and nothing is broadcast. Groups come from the
-    model's pg_collection (Bridge builds decentralized process groups), else parallel_state."""
-    dp, dp_cp, _ = process_groups(model)
+    its data iterator (gpt_step.get_batch, whole sequences; CP slices them after), so nothing
+    is broadcast (accounting.for_model). Groups come from the model's pg_collection (Bridge
+    builds decentralized process groups), else parallel_state."""
     if num_microbatches is None:
         from megatron.core.num_microbatches_calculator import get_num_microbatches
 
         num_microbatches = get_num_microbatches
     config = getattr(unwrapped_model(model), "config", None)
-    return DigitAccounting(
-        cfg.vocab,
+    return accounting.for_model(
+        cfg,
+        model,
         num_microbatches,
-        group=dp,
         per_token_loss=bool(getattr(config, "calculate_per_token_loss", False)),
-        ignore_index=cfg.ignore_index,
-        ranks=dist.get_world_size(dp_cp),
     )
 
 
@@ -215,7 +200,7 @@ def wrap_loss_function(loss_function: Callable, model: Any = None) -> Callable:
     added to its report, which Bridge sums over micro-batches and data-parallel ranks and logs
     like `lm loss`.
     `model` (the forward step's) says whether the run asks for a numerical loss, so that a loss
-    the hook did not compute stops the run (telemetry.check_recorded). A loss function this
+    the hook did not compute stops the run (loss_func.check_recorded). A loss function this
     returned comes back as it is (a forward step of ours inside another: the second wrapper
     would not find the loss the first one reduced)."""
     if getattr(loss_function, WRAPPED, False):
@@ -248,11 +233,9 @@ def _check_enabled(model: Any) -> None:
     fields set on a Bridge ModelConfig, which GPTModel never sees, or a provider copied with
     dataclasses.replace, which drops the settings)."""
     registration = state.current()
-    if registration is not None and registration.cfg is not None:
-        return
-    config = getattr(unwrapped_model(model), "config", None)
-    if registration is None or cfg_from_model_config(config) is None:
-        where = "not registered" if registration is None else f"no {FIELD_LOSS} on model.config"
+    if registration is None or settings.of_model(unwrapped_model(model)) is None:
+        missing = f"no {settings.FIELD_LOSS} on model.config"
+        where = "not registered" if registration is None else missing
         raise RuntimeError(
             f"numerical_forward_step: the numerical loss is off for this model ({where}); turn "
             "it on with del_megatron.megatron.bridge.enable_numerical_loss(provider_or_config, "

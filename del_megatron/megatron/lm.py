@@ -20,26 +20,21 @@ import argparse
 import functools
 import re
 import sys
-from typing import Any, Callable, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
-from . import resume, state
+from . import accounting, resume, state
 from .accounting import DigitAccounting
-from .args import (
-    add_arguments,
-    chain_extra_args,
-    check_flags_need_a_loss,
-    config_from_args,
-    set_config_fields,
-)
-from .hook import check_model_config, register
+from .args import add_arguments, chain_extra_args, check_flags_need_a_loss, config_from_args
+from .enable import attach, enable
+from .groups import process_groups, unwrapped_model
 from .logits_free import weight_gradient_of
+from .loss_func import WRAPPED, make_loss_func
 from .share_watch import ShareWatch
 from .support import check_settings
-from .telemetry import WRAPPED, make_loss_func
 
 # What the patched pretrain_gpt.py uses (one import: `from del_megatron.megatron import lm`).
 __all__ = [
@@ -59,30 +54,6 @@ __all__ = [
 ]
 
 
-def unwrapped_model(model: Any) -> Any:
-    """The model inside DDP / Float16Module / a virtual-pipeline list."""
-    if isinstance(model, (list, tuple)):
-        model = model[0]
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
-def process_groups(model: Any = None) -> Tuple[Any, Any, Any]:
-    """(data-parallel, data-parallel x context-parallel, tensor-parallel) groups of `model`:
-    its pg_collection (decentralized process groups) when it has one, else parallel_state."""
-    groups = getattr(unwrapped_model(model), "pg_collection", None) if model is not None else None
-    if groups is not None and all(hasattr(groups, name) for name in ("dp", "dp_cp", "tp")):
-        return groups.dp, groups.dp_cp, groups.tp
-    from megatron.core import parallel_state as ps
-
-    return (
-        ps.get_data_parallel_group(),
-        ps.get_data_parallel_group(with_context_parallel=True),
-        ps.get_tensor_model_parallel_group(),
-    )
-
-
 def eval_num_microbatches(args: Any) -> int:
     """Micro-batches a Megatron-LM evaluation step runs (training.evaluate): the eval global
     batch over eval micro-batch x DP (x GTP weight remat, core 0.19). Core 0.16 has no eval
@@ -95,22 +66,17 @@ def eval_num_microbatches(args: Any) -> int:
 
 def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> DigitAccounting:
     """The "digit" reduction over Megatron-LM's whole step. Its data iterators yield whole
-    sequences on tensor-parallel rank 0 of each DP rank (CP slices them later), so counts are
-    summed over the DP group, and the other tensor-parallel ranks receive them by broadcast.
-    The groups are the model's pg_collection (decentralized process groups) when it has one,
-    else Megatron's parallel_state. Evaluation steps run eval_num_microbatches(args)."""
+    sequences on tensor-parallel rank 0 of each DP rank, so the other tensor-parallel ranks
+    receive the counts by broadcast (accounting.for_model). Evaluation steps run
+    eval_num_microbatches(args)."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
-    dp, dp_cp, tp = process_groups(model)
-    return DigitAccounting(
-        cfg.vocab,
+    return accounting.for_model(
+        cfg,
+        model,
         get_num_microbatches,
-        group=dp,
         per_token_loss=bool(getattr(args, "calculate_per_token_loss", False)),
-        ignore_index=cfg.ignore_index,
-        ranks=dist.get_world_size(dp_cp),
-        share_group=tp,
-        share_src=dist.get_global_rank(tp, 0),
+        share_over_tp=True,
         eval_microbatches=functools.partial(eval_num_microbatches, args),
     )
 
@@ -192,19 +158,16 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
         return None
     check_settings(args, weight_gradient_of(logits_free))
     cfg = config_from_args(args, tokenizer)
-    make_accounting = None
-    if cfg.reduction == "digit" and cfg.loss != "ce":
-        make_accounting = functools.partial(step_accounting, cfg, args)
-    register(
+    numerical = cfg.loss != "ce"
+    digit_steps = numerical and cfg.reduction == "digit"
+    enable(
         cfg,
-        step_accounting=make_accounting,
         logits_free=logits_free,
+        step_accounting=functools.partial(step_accounting, cfg, args) if digit_steps else None,
         cp_balancing=cp_balancing_of(args),
+        loss_func_required=digit_steps,
+        share_watch=share_watch(cfg, args) if numerical and cfg.reduction == "token" else None,
     )
-    registration = state.current()
-    registration.loss_func_required = cfg.reduction == "digit" and cfg.loss != "ce"
-    if cfg.reduction == "token" and cfg.loss != "ce":
-        registration.share_watch = share_watch(cfg, args)
     return cfg
 
 
@@ -258,8 +221,7 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
         if cfg is not None:
             registration = state.current()
             route = weight_gradient_of(registration.logits_free) if registration else None
-            check_model_config(model.config, route)
-            set_config_fields(model.config, cfg)
+            attach(model.config, cfg, route)
         return model
 
     return provider

@@ -173,3 +173,13 @@ def set_on_model_config(config: Any, setting: Union[bool, str]) -> None:
     if weight_gradient_of(setting) is not None:
         check_core_supports()
     object.__setattr__(config, FIELD_LOGITS_FREE, setting)
+
+
+def asked_route(model: Any, registration_setting: Union[bool, str, None]) -> Optional[str]:
+    """The route the registration's setting (first) or `model`'s config field asks for, None
+    when neither asks for the logits-free loss."""
+    route = weight_gradient_of(registration_setting)
+    if route is None:
+        config = getattr(model, "config", None)
+        route = weight_gradient_of(getattr(config, FIELD_LOGITS_FREE, False))
+    return route

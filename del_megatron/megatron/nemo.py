@@ -26,13 +26,12 @@ from typing import Any, Callable, Dict, Optional, Union
 import torch
 
 from ..loss import NumericalLossConfig
-from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
-from .given_ids import api_vocab, tokenizer_vocab
-from .hook import check_model_config, config_fields, register
-from .logits_free import set_on_model_config as set_logits_free
-from .logits_free import weight_gradient_of
-from .telemetry import check_recorded, digit_reduced, find, report_entries
+from .enable import api_config, enable
+from .given_ids import tokenizer_vocab
+from .loss_func import check_recorded, reduced
+from .records import find
+from .telemetry import report_entries
 
 TELEMETRY_PREFIX = "del/"
 
@@ -47,7 +46,7 @@ def numerical_loss_reduction(reduction_cls: type) -> type:
     plus `log=None`, a callable `log(name, value, **kwargs)` such as LightningModule.log,
     `log_prefix` (default "" for training, "val " for a validation_step reduction) and
     `numerical_loss` (the run's loss: a loss del_megatron did not compute then stops a run whose
-    loss is not "ce", telemetry.check_recorded)."""
+    loss is not "ce", loss_func.check_recorded)."""
 
     class NumericalLossReduction(reduction_cls):
         def __init__(
@@ -72,13 +71,13 @@ def numerical_loss_reduction(reduction_cls: type) -> type:
                 check_recorded(rec, self.numerical_loss)
                 return super().forward(batch, forward_out)
             loss_mask = batch["loss_mask"]
-            result = super().forward(batch, digit_reduced(loss_mask, rec))
-            *head, reduced = result  # 2.7.0: (loss_sum, num_valid_tokens, dict)
+            result = super().forward(batch, reduced(loss_mask, rec))
+            *head, report = result  # 2.7.0: (loss_sum, num_valid_tokens, dict)
             entries = {
                 TELEMETRY_PREFIX + name: pair
                 for name, pair in report_entries(loss_mask, rec).items()
             }
-            return (*head, {**reduced, **entries})
+            return (*head, {**report, **entries})
 
         def reduce(self, losses_reduced_per_micro_batch) -> torch.Tensor:
             loss = super().reduce(losses_reduced_per_micro_batch)
@@ -147,20 +146,10 @@ def enable_numerical_loss(
     inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
     if inner is not None and tokenizer_vocab(tokenizer, True) is None:
         tokenizer = inner  # the library tokenizer NeMo's wraps
-    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits)
-    cfg = NumericalLossConfig(
-        loss=loss,
-        alpha=alpha,
-        vocab=vocab,
-        reduction=reduction,
-        digit_share=digit_share,
-        slot_logits=slot_logits or DEFAULT_SLOT_LOGITS,
+    cfg = api_config(
+        loss, alpha, reduction, digit_share, slot_logits, vocab, tokenizer, allow_multi_digit_tokens
     )
-    config = model.config
-    check_model_config(config, weight_gradient_of(logits_free))
-    for name, value in config_fields(cfg).items():
-        object.__setattr__(config, name, value)
-    set_logits_free(config, logits_free)
+    enable(cfg, model_config=model.config, logits_free=logits_free)
     from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
 
     reduction_cls = numerical_loss_reduction(MaskedTokenLossReduction)
@@ -169,5 +158,4 @@ def enable_numerical_loss(
     model._validation_loss_reduction = reduction_cls(
         validation_step=True, log=log, numerical_loss=cfg.loss
     )
-    register(None)
     return cfg

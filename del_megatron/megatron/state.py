@@ -12,15 +12,11 @@ import logging
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, Optional, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterator, Optional, Set, Tuple, Union
 
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
-
-if TYPE_CHECKING:
-    from .accounting import DigitAccounting
-    from .share_watch import ShareWatch
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +28,9 @@ RECORDS_KEPT = 16
 @dataclass
 class Registration:
     """cfg: the loss for every model (None: each model's config fields say).
-    make_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on the
-    first training step (None: the "digit" reduction is per micro-batch, or not used).
+    make_accounting: model -> accounting.DigitAccounting for a step-wide "digit" reduction, called
+    on the first training step (None: the "digit" reduction is per micro-batch, or not used);
+    accounting: the one it made, or the one a `with DigitAccounting(...)` block entered.
     logits_free: GPTModel computes the loss from the output layer's input (logits_free.py):
     True, or the weight gradient's route ("auto", "forward", "backward").
     counted: each data iterator lm.counted has wrapped (by id) -> (it, its counted iterator);
@@ -41,16 +38,17 @@ class Registration:
     accounting_groups: the process groups the accounting was made with; counted_models: the
     models lm.counted has seen (by id); checked_models: the models whose configuration the loss
     hook has checked (by id). cp_balancing: how the data pipeline cuts a packed batch over the
-    context-parallel ranks when no micro-batch says otherwise (hook.register). share_watch: the
-    token reduction's given digit share, checked against the measured one (share_watch.py).
+    context-parallel ranks when no micro-batch says otherwise (hook.register). share_watch: a
+    share_watch.ShareWatch, the token reduction's given digit share checked against the measured
+    one.
     loss_func_required: the framework's loss function must be ours (the "digit" reduction is
     applied there); unreduced: the last training micro-batch's main-head loss it has not seen
-    yet (hook._expect_reduction)."""
+    yet (reduction.expect_reduction)."""
 
     cfg: Optional[NumericalLossConfig] = None
-    make_accounting: Optional[Callable[[Any], DigitAccounting]] = None
+    make_accounting: Optional[Callable[[Any], Any]] = None
     logits_free: Union[bool, str] = False
-    accounting: Optional[DigitAccounting] = None
+    accounting: Optional[Any] = None
     records: Deque = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
     counted: Dict[int, Tuple[Iterator, Iterator]] = field(default_factory=dict)
     produced: Dict[int, Iterator] = field(default_factory=dict)
@@ -59,7 +57,7 @@ class Registration:
     counted_models: Dict[int, Any] = field(default_factory=dict)
     checked_models: Dict[int, Any] = field(default_factory=dict)
     cp_balancing: str = "document"
-    share_watch: Optional[ShareWatch] = None
+    share_watch: Optional[Any] = None
     loss_func_required: bool = False
     unreduced: Optional[Any] = None
 

@@ -4,7 +4,7 @@ named (docs/support.md lists them).
 The checks read attributes by name from Megatron-LM's parsed arguments or from a model config
 (TransformerConfig, a Megatron-Bridge provider): the flags' `dest` and the config fields share
 their names. They run once: at registration (lm.register_from_args, Bridge's and NeMo's
-enable_numerical_loss) and when the loss hook first sees a model (hook.check_model_config).
+enable_numerical_loss) and when the loss hook first sees a model (model_checks.check_model_config).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def check_hybrid_context_parallel(settings: Any) -> None:
     """Refuse hybrid context parallelism (core 0.19) with the "digit" reduction: its schedule
     runs forward_step on a new one-sample iterator per packed sub-sample, so the step
     accounting cannot count the step's digit targets. (The loss itself follows each
-    micro-batch's CP group: hook._cp_layout.)"""
+    micro-batch's CP group: groups.cp_split.)"""
     if not getattr(settings, "hybrid_context_parallel", False):
         return
     if getattr(settings, "dataloader_inter_document_masking", False) and not getattr(

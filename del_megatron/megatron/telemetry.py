@@ -1,10 +1,9 @@
-"""Per-step DEL telemetry and the "digit" reduction, in Megatron-LM's loss_func.
+"""Per-step DEL telemetry: the report entries the loss function adds to Megatron's log.
 
-The loss hook records, per micro-batch, the parts behind the [b, s] loss it returns (with the
-entries of the MTP heads that the same forward computed first). The loss_func wrapper (it has
-the loss mask) finds them by the output tensor and reports `[sum, count]` pairs, which
-Megatron-LM sums over micro-batches and data-parallel x context-parallel ranks into each step's
-sum / count: the value TensorBoard and W&B get for the step, and whose mean over the log
+From the parts behind each micro-batch's loss (records.py, with the entries of the MTP heads
+that the same forward computed first) and its loss mask, the entries are `[sum, count]` pairs,
+which Megatron-LM sums over micro-batches and data-parallel x context-parallel ranks into each
+step's sum / count: the value TensorBoard and W&B get for the step, and whose mean over the log
 interval the console line prints (docs/megatron-lm.md, "What the log shows").
 
 Counts carry a tiny COUNT_EPS, so a step without digit targets reports 0 for the digit entries
@@ -16,51 +15,16 @@ whose interval mean is exactly 0; there, an exact 0 shows as ZERO_SHOWN_AS.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Callable, Dict
 
 import torch
 
 from ..loss import LossParts, NumericalLossConfig
 from ..numbers import held_slots
-from . import accounting, state
+from .records import Record
 
 COUNT_EPS = 1e-8
 ZERO_SHOWN_AS = 1e-20
-
-
-class _Record(NamedTuple):
-    """output: the [b, s] loss the hook returned; parts: the pieces behind it; cp_size: the
-    context-parallel ranks its sequences are split over; mtp: report entries of the MTP heads
-    of the same forward (mtp_entries)."""
-
-    output: torch.Tensor
-    parts: LossParts
-    cfg: NumericalLossConfig
-    cp_size: int = 1
-    mtp: Optional[Dict[str, torch.Tensor]] = None
-
-
-def record(
-    output: torch.Tensor,
-    parts: LossParts,
-    cfg: NumericalLossConfig,
-    cp_size: int = 1,
-    mtp: Optional[Dict[str, torch.Tensor]] = None,
-) -> None:
-    """Keep the parts behind `output` for the loss function (nothing when not registered).
-    cp_size: the context-parallel ranks that hold a share of each of its sequences; mtp: report
-    entries of the forward's MTP heads, reported beside the main head's."""
-    registration = state.current()
-    if registration is not None:
-        registration.records.append(_Record(output, parts, cfg, cp_size, mtp))
-
-
-def find(output: torch.Tensor) -> Optional[_Record]:
-    registration = state.current()
-    for rec in reversed(registration.records if registration is not None else ()):
-        if rec.output is output:
-            return rec
-    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,25 +37,6 @@ def _zero_floor() -> float:
         return 0.0
     major, minor = (int(part) for part in __version__.split(".")[:2])
     return ZERO_SHOWN_AS if (major, minor) < (0, 18) else 0.0
-
-
-def digit_reduced(loss_mask: torch.Tensor, rec: _Record) -> torch.Tensor:
-    """The per-token loss [b, s] that Megatron's masked sum and normalisation turn into the
-    "digit" reduction: CE_t + alpha * term_t * scale (the recorded output unchanged for the
-    "token" reduction). Inside a `with DigitAccounting(...)` step the scale makes the term a mean
-    over the step's global digit targets (accounting.py); otherwise over this micro-batch's
-    (n_tokens / n_digits, counted under `loss_mask`)."""
-    if rec.cfg.reduction != "digit":
-        return rec.output
-    mask = loss_mask.reshape(rec.output.shape).to(rec.parts.term.dtype)
-    n_tokens = mask.sum()
-    step = accounting.active()
-    if step is not None:
-        scale = step.term_scale(n_tokens).to(n_tokens)
-    else:
-        scale = n_tokens / (rec.parts.digit_count * mask).sum().clamp(min=1.0)
-    extra = rec.cfg.alpha * rec.parts.term * (scale - 1.0)
-    return rec.output + extra.to(rec.output.dtype)
 
 
 def _pair(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -130,7 +75,7 @@ def mtp_entries(depth: int, mask: torch.Tensor, parts: LossParts) -> Dict[str, t
     }
 
 
-def report_entries(loss_mask: torch.Tensor, rec: _Record) -> dict:
+def report_entries(loss_mask: torch.Tensor, rec: Record) -> dict:
     """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each), the forward's
     MTP heads' entries last. `digit tokens` counts 1 / cp_size a rank, so that its sum over the
     context-parallel ranks of a micro-batch (Megatron-LM sums over DP x CP) is one micro-batch."""
@@ -159,104 +104,3 @@ def effective_weight(
     if cfg.reduction == "token":
         return pair(cfg.token_weight * n_digits, n_tokens)
     return pair(cfg.token_weight * n_digits, n_digits)
-
-
-# Marks the functions make_loss_func (and lm.install's forward_step wrapper) made.
-WRAPPED = "_del_megatron"
-
-NOT_RECORDED = (
-    "del_megatron: the loss function got a loss that del_megatron's hook did not compute, in a "
-    "run registered for the numerical loss {loss!r}: the model computed it another way (a fused "
-    "cross-entropy that bypasses LanguageModule.compute_language_model_loss, a schedule that "
-    "hands the loss function a copy, a model class the hook does not cover), so this step would "
-    "train plain cross-entropy. Stopped before it does; see docs/support.md for what is supported"
-)
-
-
-def _expected_loss(model: Any) -> Optional[str]:
-    """The numerical loss the current registration (else `model`'s config) asks for, if any."""
-    registration = state.current()
-    if registration is None:
-        return None
-    if registration.cfg is not None:
-        return registration.cfg.loss
-    from .hook import cfg_from_model_config
-
-    while hasattr(model, "module"):  # DDP / Float16Module
-        model = model.module
-    cfg = cfg_from_model_config(getattr(model, "config", None))
-    return None if cfg is None else cfg.loss
-
-
-def check_recorded(rec: Optional[_Record], loss: Optional[str]) -> None:
-    """Stop a run whose loss function sees a loss del_megatron did not compute while the run
-    asks for a numerical loss (`loss` other than None or "ce"). It raises rather than warns:
-    such a step trains plain cross-entropy, and a run that does so silently wastes its compute;
-    no supported configuration reaches the loss function with an unrecorded loss."""
-    if rec is None and loss not in (None, "ce"):
-        raise RuntimeError(NOT_RECORDED.format(loss=loss))
-
-
-def apply_to_loss(
-    loss_mask: torch.Tensor,
-    output_tensor: torch.Tensor,
-    base: Callable[[torch.Tensor], tuple],
-    model: Any = None,
-) -> tuple:
-    """Run a framework loss `base(per_token_losses) -> (loss_sum, num_tokens, report)` on the
-    "digit"-reduced losses (so its NaN/spike checks and 'lm loss' see the real loss) and add the
-    telemetry entries. Outputs the hook did not record go to `base` unchanged, unless the run
-    asks for a numerical loss (the registration's, else `model`'s config): then it stops
-    (check_recorded)."""
-    rec = find(output_tensor)
-    if rec is None:  # the model computed its loss without del_megatron
-        check_recorded(rec, _expected_loss(model))
-        return base(output_tensor)
-    registration = state.current()
-    if registration is not None and registration.unreduced is output_tensor:
-        registration.unreduced = None
-    result = base(digit_reduced(loss_mask, rec))
-    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
-        raise ValueError(
-            "del_megatron needs a loss function returning (loss_sum, num_tokens, report), as "
-            "Megatron-LM's pretrain_gpt.py (core 0.12 on) and Megatron-Bridge's do"
-        )
-    loss, num_tokens, report = result
-    entries = report_entries(loss_mask, rec)
-    watch = registration.share_watch if registration is not None else None
-    if watch is not None and torch.is_grad_enabled():  # training micro-batches only
-        watch.observe(*entries["digit share"])
-    return loss, num_tokens, {**report, **entries}
-
-
-def make_loss_func(base_loss_func: Callable) -> Callable:
-    """Wrap a Megatron-LM loss_func(loss_mask, output_tensor, model=None) -> (loss_sum,
-    num_tokens, report) with the "digit" reduction and the telemetry (see apply_to_loss). A
-    loss_func this function made is returned as it is: wrapped twice, the outer wrapper would
-    hand the inner one a reduced loss that no record matches."""
-    if getattr(base_loss_func, WRAPPED, False):
-        return base_loss_func
-
-    def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model=None, **kwargs):
-        return apply_to_loss(
-            loss_mask,
-            output_tensor,
-            lambda losses: base_loss_func(loss_mask, losses, model=model, **kwargs),
-            model,
-        )
-
-    setattr(loss_func, WRAPPED, True)
-    return loss_func
-
-
-def _plain_loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model=None):
-    """Megatron-LM's pretrain_gpt loss_func without its NaN/spike checks (those need args)."""
-    losses = output_tensor.reshape(-1).float()
-    mask = loss_mask.reshape(-1).float()
-    loss = torch.sum(losses * mask)
-    num_tokens = mask.sum().clone().detach().to(torch.int)
-    report = {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
-    return loss, num_tokens, report
-
-
-numerical_loss_func = make_loss_func(_plain_loss_func)

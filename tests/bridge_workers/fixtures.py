@@ -71,7 +71,7 @@ def llama3_dir() -> str:
 
 def del_fields(config) -> Dict[str, Any]:
     """The digit-id fields enable_numerical_loss put on a model config."""
-    from del_megatron.megatron.hook import FIELD_DIGITS, FIELD_MULTI_DIGITS, FIELD_POINTS
+    from del_megatron.megatron.settings import FIELD_DIGITS, FIELD_MULTI_DIGITS, FIELD_POINTS
 
     return {
         name: getattr(config, name, None)
@@ -81,7 +81,7 @@ def del_fields(config) -> Dict[str, Any]:
 
 def slot_rule_read_back(config) -> str:
     """The slot rule the loss reads from a model config enable_numerical_loss set up."""
-    from del_megatron.megatron.hook import cfg_from_model_config
+    from del_megatron.megatron.settings import cfg_from_model_config
 
     return cfg_from_model_config(config).slot_logits
 

@@ -39,7 +39,7 @@ def logits_free_token_reduction(state, model, batch, provider, tokenizer) -> Dic
     layer forms no logits; loss and telemetry as in token_reduction. The provider is set back
     to the materialised loss after."""
     from del_megatron.megatron.bridge import enable_numerical_loss, numerical_forward_step
-    from del_megatron.megatron.lm import unwrapped_model
+    from del_megatron.megatron.groups import unwrapped_model
 
     enable_numerical_loss(
         provider,

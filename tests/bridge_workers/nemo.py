@@ -19,7 +19,7 @@ def check_nemo(out: str) -> None:
     init_single_rank()
     from del_megatron import NumericalLossConfig
     from del_megatron.megatron import register
-    from del_megatron.megatron.hook import config_fields
+    from del_megatron.megatron.settings import config_fields
     from tests.gpt_helpers import GPT_VOCAB, build_gpt
 
     model = build_gpt(1)
@@ -89,8 +89,8 @@ def masked_token_loss_reduction(model) -> Dict[str, Any]:
 def enabled_on_a_nemo_module(model, cfg) -> Dict[str, Any]:
     """enable_numerical_loss on NeMo's llm.GPTModel; where nemo.collections.llm does not import
     (its nemo_run / leptonai imports), on a plain LightningModule holding `model`'s config."""
-    from del_megatron.megatron.hook import config_fields
     from del_megatron.megatron.nemo import enable_numerical_loss
+    from del_megatron.megatron.settings import config_fields
     from tests.gpt_helpers import GPT_VOCAB
 
     result: Dict[str, Any] = {}

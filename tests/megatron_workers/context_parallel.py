@@ -49,7 +49,7 @@ def _check_hybrid_cp_layout(model, tokens, labels, cp_group) -> None:
     local_cp_size the same way over the model's CP group."""
     import types
 
-    from del_megatron.megatron import hook
+    from del_megatron.megatron import capture
     from del_megatron.sequence import cp_positions
 
     cp, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
@@ -64,11 +64,11 @@ def _check_hybrid_cp_layout(model, tokens, labels, cp_group) -> None:
         params = types.SimpleNamespace(
             qkv_format="thd", cu_seqlens_q=cu, local_cp_size=local_cp_size, cp_group=group
         )
-        token = hook._packed_seq_params.set(params)
+        token = capture._packed_seq_params.set(params)
         try:
             return model.compute_language_model_loss(labels, logits)
         finally:
-            hook._packed_seq_params.reset(token)
+            capture._packed_seq_params.reset(token)
 
     dmm.register(CFG)
     try:

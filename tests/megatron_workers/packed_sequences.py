@@ -16,7 +16,7 @@ def check_packed_seq_params_reach_the_hook() -> None:
     formats and after the call."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from del_megatron.megatron import hook
+    from del_megatron.megatron import capture
 
     seen = []
 
@@ -30,9 +30,9 @@ def check_packed_seq_params_reach_the_hook() -> None:
         inference_context=None,
         packed_seq_params=None,
     ):
-        seen.append(hook._cu_seqlens())
+        seen.append(capture.cu_seqlens())
 
-    wrapped = hook._capture_packed_seq_params(forward)
+    wrapped = capture._capturing(forward, lambda module, arguments, kwargs, takes: kwargs)
     cu, padded = torch.tensor([0, 3, 8]), torch.tensor([0, 4, 8])
     wrapped(None, 1, 2, 3, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu))
     thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_q_padded=padded)
@@ -40,7 +40,7 @@ def check_packed_seq_params_reach_the_hook() -> None:
     wrapped(None, 1, 2, 3, packed_seq_params=PackedSeqParams(qkv_format="sbhd"))
     wrapped(None, 1, 2, 3)
     assert seen[0] is cu and seen[1] is padded and seen[2:] == [None, None]
-    assert hook._cu_seqlens() is None
+    assert capture.cu_seqlens() is None
 
 
 def check_model_classes_taking_packed_seq_params() -> None:
@@ -50,7 +50,7 @@ def check_model_classes_taking_packed_seq_params() -> None:
     from megatron.core.models.common.language_module.language_module import LanguageModule
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from del_megatron.megatron import hook
+    from del_megatron.megatron import capture
 
     model = build_gpt(1)
     tokens, labels, positions = number_batch(1, seed=3)  # THD packs documents in one row
@@ -62,7 +62,7 @@ def check_model_classes_taking_packed_seq_params() -> None:
             self.head, self.vocab_size = head, head.vocab_size
 
         def forward(self, input_ids, labels, packed_seq_params=None):
-            seen.append(hook._cu_seqlens())
+            seen.append(capture.cu_seqlens())
             logits = self.head(input_ids, positions, None).transpose(0, 1)
             return self.compute_language_model_loss(labels, logits.contiguous())
 
