@@ -1,7 +1,9 @@
-"""The package's import graph: no cycle, and the math never imports the framework glue.
+"""The package's import graph: no cycle, counting every import wherever it stands (module
+level, inside a function, under `if TYPE_CHECKING:`), the math never imports the framework glue,
+and the Megatron glue imports in the order its package docstring gives.
 
 `python -m tests.test_imports` prints the graph (module-level imports; `~>` marks imports made
-inside a function, at call time)."""
+inside a function, at call time; `?>` imports under TYPE_CHECKING)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,37 @@ ROOT = "del_megatron"
 # The math and the vocab-parallel primitive: torch only, no Megatron glue, demo or CLI.
 MATH = ("vocab", "sequence", "kernels", "numbers", "heads", "reference", "tokenizers", "loss")
 GLUE = ("megatron", "cpu", "demo", "cli", "preflight")
-# The one import that points up, made at call time: DigitVocab.from_tokenizer (public API).
-LAZY_UP = {("vocab", "tokenizers")}
+# del_megatron/megatron/, bottom to top (its __init__ docstring): each imports only those before.
+MEGATRON_ORDER = (
+    "state",
+    "settings",
+    "given_ids",
+    "support",
+    "logits_free",
+    "share_watch",
+    "resume",
+    "records",
+    "telemetry",
+    "capture",
+    "groups",
+    "accounting",
+    "reduction",
+    "loss_func",
+    "model_checks",
+    "hook",
+    "enable",
+    "args",
+    "lm",
+    "bridge",
+    "nemo",
+    "pretrain_gpt_del",
+)
 
 
-def _modules() -> Dict[str, Path]:
+def _modules(package: Path = PACKAGE) -> Dict[str, Path]:
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join([ROOT, *parts])] = path
@@ -49,12 +74,16 @@ def _type_checking_only(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.If) and ast.unparse(test).endswith("TYPE_CHECKING")
 
 
-def import_graph() -> Tuple[Dict[str, Set[str]], Dict[str, Set[str]]]:
-    """(module-level edges, call-time edges) between del_megatron's modules."""
-    modules = _modules()
+Edges = Dict[str, Set[str]]
+
+
+def import_graph(package: Path = PACKAGE) -> Tuple[Edges, Edges, Edges]:
+    """(module-level, call-time, TYPE_CHECKING-only) edges between del_megatron's modules."""
+    modules = _modules(package)
     known = set(modules)
-    top: Dict[str, Set[str]] = {m: set() for m in modules}
-    lazy: Dict[str, Set[str]] = {m: set() for m in modules}
+    top: Edges = {m: set() for m in modules}
+    lazy: Edges = {m: set() for m in modules}
+    typing_only: Edges = {m: set() for m in modules}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
         tree = ast.parse(path.read_text(), str(path))
@@ -66,17 +95,23 @@ def import_graph() -> Tuple[Dict[str, Set[str]], Dict[str, Set[str]]]:
             elif isinstance(stmt, ast.If):  # `if TYPE_CHECKING:` never runs
                 skipped |= {id(n) for n in ast.walk(stmt)}
         for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
             if isinstance(node, ast.ImportFrom):
                 targets = _resolve(module, is_package, node, known)
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name in known]
             else:
                 continue
-            edges = top if id(node) in module_level else lazy
+            edges = (
+                typing_only if id(node) in skipped else top if id(node) in module_level else lazy
+            )
             edges[module] |= {t for t in targets if t != module}
-    return top, lazy
+    return top, lazy, typing_only
+
+
+def every_import(package: Path = PACKAGE) -> Edges:
+    """All edges, however the import is made."""
+    top, lazy, typing_only = import_graph(package)
+    return {m: top[m] | lazy[m] | typing_only[m] for m in top}
 
 
 def find_cycle(edges: Dict[str, Set[str]]) -> List[str]:
@@ -110,28 +145,51 @@ def _top(module: str) -> str:
     return _short(module).split(".")[0]
 
 
-def test_no_import_cycle():
-    top, _ = import_graph()
+def test_no_import_cycle_counting_call_time_and_type_checking_imports():
+    assert find_cycle(every_import()) == []
+
+
+def test_a_cycle_hidden_in_a_function_or_under_type_checking_is_found(tmp_path):
+    package = tmp_path / ROOT
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("def f():\n    from . import high\n")
+    (package / "high.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .other import X\n"
+        "from . import low\n"
+    )
+    (package / "other.py").write_text("from .high import low\nX = 1\n")
+    top, lazy, typing_only = import_graph(package)
     assert find_cycle(top) == []
+    assert lazy[f"{ROOT}.low"] == {f"{ROOT}.high"}
+    assert typing_only[f"{ROOT}.high"] == {f"{ROOT}.other"}
+    assert find_cycle(every_import(package)) == [f"{ROOT}.high", f"{ROOT}.low", f"{ROOT}.high"]
 
 
-def test_math_imports_no_glue_and_points_down():
-    top, lazy = import_graph()
-    for edges, kind in ((top, "module-level"), (lazy, "call-time")):
-        for module, targets in edges.items():
-            if _top(module) not in MATH:
-                continue
+def test_math_imports_no_glue():
+    for module, targets in every_import().items():
+        if _top(module) in MATH:
             for target in targets:
-                pair = (_top(module), _top(target))
-                assert pair[1] not in GLUE, f"{module} imports {target} ({kind})"
-                if kind == "call-time" and pair[0] != pair[1]:
-                    assert pair in LAZY_UP, f"{module} imports {target} at call time"
+                assert _top(target) not in GLUE, f"{module} imports {target}"
 
 
-def test_module_level_imports_of_vocab_and_tokenizers_point_one_way():
-    top, _ = import_graph()
-    assert f"{ROOT}.vocab" in top[f"{ROOT}.tokenizers"]
-    assert not top[f"{ROOT}.vocab"] & {f"{ROOT}.tokenizers"}
+def test_the_megatron_glue_imports_only_modules_below_it():
+    prefix = f"{ROOT}.megatron."
+    edges = every_import()
+    glue = sorted(m.removeprefix(prefix) for m in edges if m.startswith(prefix))
+    assert sorted(MEGATRON_ORDER) == glue, "list a new module in MEGATRON_ORDER"
+    rank = {name: i for i, name in enumerate(MEGATRON_ORDER)}
+    for name in MEGATRON_ORDER:
+        for target in edges[prefix + name]:
+            if target.startswith(prefix):
+                below = target.removeprefix(prefix)
+                assert rank[below] < rank[name], f"megatron.{name} imports megatron.{below}"
+
+
+def test_tokenizers_import_nothing_of_the_vocab():
+    edges = every_import()
+    assert f"{ROOT}.tokenizers" in edges[f"{ROOT}.vocab"]
+    assert not edges[f"{ROOT}.tokenizers"] & {f"{ROOT}.vocab"}
 
 
 def test_importing_the_package_loads_no_glue():
@@ -145,13 +203,14 @@ def test_importing_the_package_loads_no_glue():
 
 
 def main() -> None:
-    top, lazy = import_graph()
+    top, lazy, typing_only = import_graph()
     for module in sorted(top):
         down = ", ".join(sorted(_short(t) for t in top[module]))
         later = ", ".join(sorted(_short(t) for t in lazy[module] - top[module]))
+        typed = ", ".join(sorted(_short(t) for t in typing_only[module]))
         line = f"{_short(module)} -> {down or '-'}"
-        print(line + (f"   ~> {later}" if later else ""))
-    cycle = find_cycle(top)
+        print(line + (f"   ~> {later}" if later else "") + (f"   ?> {typed}" if typed else ""))
+    cycle = find_cycle(every_import())
     print("cycle: " + (" -> ".join(map(_short, cycle)) if cycle else "none"))
 
 
