@@ -17,8 +17,7 @@ The gradients take one of two routes (plan.weight_gradient):
   weight's dtype) and into an fp32 grad_hidden [N, h] (4 matmuls; nothing [V/tp, h] but the
   gradient itself; any upstream gradient).
 "auto" takes "forward" while its buffers are small beside the materialised logits or no larger
-than the "backward" route's (always in fp32; in bf16 while h <= N/8, and past that when N is
-large beside V/tp; resolve_weight_gradient).
+than the "backward" route's: resolve_weight_gradient is the rule.
 
 A caller that keeps its own fp32 gradient accumulator for the weight (Megatron's main_grad under
 gradient-accumulation fusion) hands it over with `weight_gradient_into(...)`: backward then adds
@@ -162,8 +161,8 @@ def chunk_passes(
 ) -> Tuple[Callable, Callable, int]:
     """The recompute kernel's two passes for a [chunk_rows, columns] block and the rows each
     takes at once: compiled, one fused kernel over the whole block (no fp32 copy of it; on CUDA
-    a few MiB a launch would cost more than the matmul), or eager over 8 MiB of fp32 at a time
-    (cache-sized on a CPU)."""
+    a few MiB a launch would cost more than the matmul), or eager over recompute's
+    EAGER_CHUNK_BYTES of fp32 at a time (cache-sized on a CPU)."""
     compiled = hidden.is_cuda if COMPILED_PASSES is None else COMPILED_PASSES
     if compiled:
         return (*recompute.passes(compiled=True), chunk_rows)
