@@ -147,10 +147,11 @@ class LossParts(NamedTuple):
 
 def digit_term_scale(n_tokens: torch.Tensor, n_digits: torch.Tensor) -> torch.Tensor:
     """The "digit" reduction: the factor [] on the term of the token form CE_t + alpha * term_t
-    that makes the masked mean over n_tokens loss tokens weigh the term as a mean over their
-    n_digits digit targets: n_tokens / n_digits (a span without digits counts one). Every
-    scope computes it here: a sequence (numerical_lm_loss), a micro-batch and a training step
-    (del_megatron.megatron.reduction). Floating tensors, on the device: no host sync."""
+    that turns a sum divided by n_tokens (the normaliser the loss is divided by) into alpha x
+    the term's mean over n_digits digit targets: n_tokens / n_digits (no digits counts one).
+    Every scope computes it here: a sequence (numerical_lm_loss), a micro-batch and a training
+    step (del_megatron.megatron.reduction, accounting.py). Floating tensors, on the device: no
+    host sync."""
     return n_tokens / n_digits.clamp(min=1)
 
 
@@ -442,7 +443,8 @@ def numerical_linear_loss(
     backward, 3 matmuls as the materialised path. "backward": in backward, vocab tile by vocab
     tile, one matmul more, nothing [V_local, h] but the gradient and an fp32 [N, h] for
     grad_hidden. "auto": the route kernels/linear.py's resolve_weight_gradient picks from
-    N = s * b, h, V_local and the dtype (docs/api.md gives the thresholds).
+    N = s * b, h, V_local and the dtype: "forward" in fp32, "backward" in fp16 ("forward" is
+    refused there), in bf16 by the size of "forward"'s buffers (docs/api.md).
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
     no logits to overwrite); anything else is refused.

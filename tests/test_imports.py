@@ -16,7 +16,17 @@ from typing import Dict, List, Set, Tuple
 PACKAGE = Path(__file__).resolve().parent.parent / "del_megatron"
 ROOT = "del_megatron"
 # The math and the vocab-parallel primitive: torch only, no Megatron glue, demo or CLI.
-MATH = ("vocab", "sequence", "kernels", "numbers", "heads", "reference", "tokenizers", "loss")
+MATH = (
+    "number_tokens",
+    "vocab",
+    "sequence",
+    "kernels",
+    "numbers",
+    "heads",
+    "reference",
+    "tokenizers",
+    "loss",
+)
 GLUE = ("megatron", "cpu", "demo", "cli", "preflight")
 # del_megatron/megatron/, bottom to top (its __init__ docstring): each imports only those before.
 MEGATRON_ORDER = (
@@ -24,12 +34,12 @@ MEGATRON_ORDER = (
     "settings",
     "given_ids",
     "support",
-    "logits_free",
-    "share_watch",
-    "resume",
     "records",
     "telemetry",
     "capture",
+    "logits_free",
+    "share_watch",
+    "resume",
     "groups",
     "accounting",
     "reduction",

@@ -3,12 +3,12 @@
 Importing it needs only torch; megatron-core is imported when a hook is registered or a model
 is trained. register() sets up all the state the glue keeps and unregister() removes it.
 
-Modules, each importing only those before it: state (the registration), settings (flags on the
-model config, read in one place), given_ids, support, logits_free, share_watch, resume |
-records, telemetry (report entries), capture (the forward in progress), groups (process
-groups), accounting (a step's counts), reduction (token and digit) | loss_func, model_checks,
-hook (the loss method, register) | enable (the one way on) | args, lm (Megatron-LM), bridge,
-nemo, pretrain_gpt_del.
+Modules, each importing only those before it: state (the registration), settings (the settings
+on the model config, read in one place), given_ids, support | records (the parts behind each
+loss), telemetry (report entries), capture (the forward in progress), logits_free,
+share_watch, resume | groups (process groups), accounting (a step's counts), reduction (token
+and digit) | loss_func, model_checks, hook (the loss method, register) | enable (the one way
+on) | args, lm (Megatron-LM), bridge, nemo, pretrain_gpt_del.
 """
 
 from .accounting import DigitAccounting

@@ -6,9 +6,10 @@ ranks) or per micro-batch (loss / n_tokens / num_microbatches, grads averaged ov
 "digit" reduction wants the numerical term divided by the global number of digit targets
 instead. That count must be known before the step's first backward, so DigitAccounting looks
 ahead: on the first batch of each step it pulls all of the step's micro-batches from the data
-iterator, counts loss tokens and digit targets, and all-reduces the two counts over the DP x CP
-group (one collective of 2 numbers per step). Each micro-batch's term is then scaled so that,
-after Megatron's own normalisation, the step's loss is
+iterator, counts loss tokens and digit targets, and all-reduces the two counts over the ranks
+whose batches make the global batch (the DP group when every CP rank reads whole sequences, as in
+Megatron-LM and Bridge; one collective of 2 numbers per step). Each micro-batch's term is then
+scaled so that, after Megatron's own normalisation, the step's loss is
 
     sum(CE * m) / (Megatron's token normaliser) + alpha * sum(term * m) / N_digits_global
 

@@ -7,10 +7,10 @@ from typing import Callable, Optional
 
 from ..kernels.linear import DEFAULT_WEIGHT_GRADIENT, WEIGHT_GRADIENTS
 from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
-from ..slots import DEFAULT_SLOT_LOGITS, RULES
+from ..slots import RULES
 from ..vocab import DigitVocab
 from ..weights import check_digit_share, check_weight
-from . import state
+from . import settings, state
 from .given_ids import check_given_points, check_given_vocab, ids_text, tokenizer_vocab
 
 
@@ -262,13 +262,13 @@ def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
     vocab_size = getattr(args, "padded_vocab_size", None)
     if vocab is not None and vocab_size is not None:
         vocab.check_vocab_size(vocab_size)
-    return NumericalLossConfig(
-        loss=args.numerical_loss,
-        alpha=check_weight(args.del_alpha, "--del-alpha"),
-        vocab=vocab,
-        reduction=args.del_reduction,
-        digit_share=getattr(args, "del_digit_share", None),
-        slot_logits=getattr(args, "del_slot_logits", None) or DEFAULT_SLOT_LOGITS,
+    return settings.numerical_config(
+        args.numerical_loss,
+        check_weight(args.del_alpha, "--del-alpha"),
+        vocab,
+        args.del_reduction,
+        getattr(args, "del_digit_share", None),
+        getattr(args, "del_slot_logits", None),
     )
 
 

@@ -34,7 +34,7 @@ from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
 from . import accounting, settings, state
 from .accounting import DigitAccounting
-from .enable import api_config, enable
+from .enable import config_of_arguments, enable
 from .groups import process_groups, unwrapped_model
 from .lm import counted
 from .logits_free import weight_gradient_of
@@ -137,7 +137,7 @@ def enable_numerical_loss(
             "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
             "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
         )
-    cfg = api_config(
+    cfg = config_of_arguments(
         loss, alpha, reduction, digit_share, slot_logits, vocab, tokenizer, allow_multi_digit_tokens
     )
     vocab = cfg.vocab

@@ -14,12 +14,9 @@ import contextvars
 import functools
 import importlib
 import inspect
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
-
-from ..loss import LossParts
-from . import telemetry
 
 _FORWARD_MARKER = "_del_megatron_forward"  # on a model class: its original forward
 # Model modules imported at wrap_forwards() so that their forwards get wrapped (best effort:
@@ -80,19 +77,19 @@ def is_main_head(labels: torch.Tensor) -> bool:
 
 class MtpHeads:
     """The MTP heads of the LanguageModule.forward in progress: the loss mask as Megatron rolls
-    it for the last head seen, and the heads' report entries (telemetry.mtp_entries), which the
-    main head's record carries to the loss function."""
+    it for the last head seen, and the heads' report entries (telemetry.mtp_entries, added by
+    the hook), which the main head's record carries to the loss function."""
 
     def __init__(self, loss_mask: Optional[torch.Tensor]) -> None:
         self.mask, self.depth = loss_mask, 0
-        self.entries: dict = {}
+        self.entries: Dict[str, torch.Tensor] = {}
 
-    def report(self, module: Any, labels: torch.Tensor, parts: LossParts) -> None:
-        """Add the entries of the next MTP head, whose loss over `labels` (rolled once more
-        than the last head's) gave `parts`. Megatron rolls the forward's loss mask (all ones
-        when it has none) in lockstep with the labels, with its own roll_tensor over the
-        model's CP group and the forward's packed sequences: so is it rolled here, on the
-        device (under CP one more exchange of a column between neighbours)."""
+    def next_head(self, module: Any, labels: torch.Tensor) -> Tuple[int, torch.Tensor]:
+        """(depth, loss mask [b, s]) of the next MTP head, whose labels are rolled once more
+        than the last head's. Megatron rolls the forward's loss mask (all ones when it has
+        none) in lockstep with the labels, with its own roll_tensor over the model's CP group
+        and the forward's packed sequences: so is it rolled here, on the device (under CP one
+        more exchange of a column between neighbours)."""
         from megatron.core.transformer.multi_token_prediction import roll_tensor
 
         mask = self.mask if self.mask is not None else torch.ones_like(labels, dtype=torch.float)
@@ -104,7 +101,7 @@ class MtpHeads:
             packed_seq_params=packed_seq_params(),
         )
         self.depth += 1
-        self.entries.update(telemetry.mtp_entries(self.depth, self.mask, parts))
+        return self.depth, self.mask
 
 
 def mtp_heads() -> Optional[MtpHeads]:
@@ -172,6 +169,11 @@ def wrap_forwards(before: BeforeForward) -> None:
         if takes_packed_seq_params(forward):
             setattr(cls, _FORWARD_MARKER, forward)
             cls.forward = _capturing(forward, before)
+
+
+def original_forward(cls: type) -> Callable:
+    """cls.forward as the class defines it, before wrap_forwards."""
+    return vars(cls).get(_FORWARD_MARKER, cls.forward)
 
 
 def unwrap_forwards() -> None:

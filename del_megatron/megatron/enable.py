@@ -1,7 +1,8 @@
 """Turning the numerical loss on: the one path Megatron-LM, Megatron-Bridge and NeMo take.
 
 Megatron-LM (lm.register_from_args) registers the run's NumericalLossConfig before any model
-exists and records it on each model's config once the model provider has built it (`attach`).
+exists and records it on each model's config once the model provider has built it
+(`check_and_record`).
 Bridge and NeMo have the model config first: `enable(..., model_config=...)` checks it, records
 the settings on it and registers the hook to read them from there.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Union
 
 from ..loss import NumericalLossConfig
-from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
 from . import logits_free as lf
 from . import model_checks, settings, state
@@ -19,7 +19,7 @@ from .given_ids import api_vocab
 from .hook import register
 
 
-def api_config(
+def config_of_arguments(
     loss: str,
     alpha: float,
     reduction: str,
@@ -32,21 +32,23 @@ def api_config(
     """The NumericalLossConfig of Bridge's and NeMo's enable_numerical_loss arguments: the digit
     ids given (held against the tokenizer when there is one), else the tokenizer's
     (given_ids.api_vocab)."""
-    return NumericalLossConfig(
-        loss=loss,
-        alpha=alpha,
-        vocab=api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits),
-        reduction=reduction,
-        digit_share=digit_share,
-        slot_logits=slot_logits or DEFAULT_SLOT_LOGITS,
-    )
+    vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits)
+    return settings.numerical_config(loss, alpha, vocab, reduction, digit_share, slot_logits)
 
 
-def attach(model_config: Any, cfg: NumericalLossConfig, route: Optional[str]) -> None:
+def check_and_record(
+    model_config: Any,
+    cfg: NumericalLossConfig,
+    route: Optional[str],
+    framework_checks: Optional[Callable[[], None]] = None,
+) -> None:
     """Check a model config for the run (model_checks.check_model_config; route: the
-    logits-free weight-gradient route, None when the loss keeps its logits) and record `cfg`
-    on it (settings.record_on_model_config)."""
+    logits-free weight-gradient route, None when the loss keeps its logits), then the
+    framework's own refusals (`framework_checks()`), and only then record `cfg` on it
+    (settings.record_on_model_config)."""
     model_checks.check_model_config(model_config, route)
+    if framework_checks is not None:
+        framework_checks()
     settings.record_on_model_config(model_config, cfg)
 
 
@@ -72,10 +74,7 @@ def enable(
     reduction.expect_reduction). share_watch: the token reduction's check of the given digit
     share (share_watch.py)."""
     if model_config is not None:
-        model_checks.check_model_config(model_config, lf.weight_gradient_of(logits_free))
-        if framework_checks is not None:
-            framework_checks()
-        settings.record_on_model_config(model_config, cfg)
+        check_and_record(model_config, cfg, lf.weight_gradient_of(logits_free), framework_checks)
         lf.set_on_model_config(model_config, logits_free)
         register(None, step_accounting=step_accounting, cp_balancing=cp_balancing)
     else:

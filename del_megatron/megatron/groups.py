@@ -12,7 +12,7 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import capture, state
+from . import state
 
 
 def unwrapped_model(model: Any) -> Any:
@@ -81,14 +81,14 @@ def model_cp_group(module: Any) -> Optional[dist.ProcessGroup]:
     return group
 
 
-def cp_split(module: Any) -> Tuple[Optional[dist.ProcessGroup], str]:
+def cp_split(module: Any, params: Any) -> Tuple[Optional[dist.ProcessGroup], str]:
     """(context-parallel group or None, cp_balancing): how the sequences of the forward in
-    progress are split over context-parallel ranks. Hybrid context parallelism (core 0.19:
+    progress, whose PackedSeqParams are `params` (None: none, capture.packed_seq_params), are
+    split over context-parallel ranks. Hybrid context parallelism (core 0.19:
     PackedSeqParams.local_cp_size set) cuts each micro-batch's whole packed sequence in
     2 * local_cp_size chunks over that micro-batch's own group (PackedSeqParams.cp_group; none
     when local_cp_size is 1); otherwise the model's CP group, balanced as the registration says
     (register's cp_balancing)."""
-    params = capture.packed_seq_params()
     local_cp_size = getattr(params, "local_cp_size", None)
     if local_cp_size is None:
         registration = state.current()

@@ -21,9 +21,19 @@ import torch.distributed as dist
 from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
 from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
 from ..sequence import check_balancing
-from . import capture, groups, model_checks, records, reduction, resume, settings, state, support
+from . import (
+    capture,
+    groups,
+    model_checks,
+    records,
+    reduction,
+    resume,
+    settings,
+    state,
+    support,
+    telemetry,
+)
 from . import logits_free as lf
-from .state import Registration
 
 _MARKER = "_del_megatron_original"  # on LanguageModule: the original loss method
 
@@ -57,7 +67,8 @@ def _recorded_loss(
     else:
         records.record(loss, parts, cfg, cp_size)
         if mtp is not None:  # an MTP head of the forward in progress
-            mtp.report(module, labels, parts)
+            depth, mask = mtp.next_head(module, labels)
+            mtp.entries.update(telemetry.mtp_entries(depth, mask, parts))
     return loss
 
 
@@ -70,7 +81,7 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
     model_checks.check_model_once(self)
     capture.check_captured(self)
     _check_digit_ids(cfg)
-    cp_group, cp_balancing = groups.cp_split(self)
+    cp_group, cp_balancing = groups.cp_split(self, capture.packed_seq_params())
     parts = loss_parts(
         labels,
         logits,
@@ -115,7 +126,7 @@ def _before_forward(
     model_checks.check_model_once(module)
     if arguments.get("labels") is None or arguments.get("output_processor") is not None:
         return kwargs
-    if settings.of_model(module) is None or model_checks.logits_free_route(module) is None:
+    if settings.of_model(module) is None or lf.route_of(module) is None:
         return kwargs
     lf.check_model_supports(module, takes_output_processor)
     return {**kwargs, "output_processor": _logits_free_loss, "output_processor_context": module}
@@ -144,7 +155,7 @@ def _logits_free_loss(
     tp_group = groups.model_tp_group(module)
     tp_group = tp_group if dist.get_world_size(tp_group) > 1 else None
     sequence_parallel = getattr(output_layer, "sequence_parallel", False) and tp_group is not None
-    asked = model_checks.logits_free_route(module)
+    asked = lf.route_of(module)
     tokens, hidden_size = labels.numel(), hidden_states.size(-1)
     route = resolve_weight_gradient(asked, tokens, weight.size(0), hidden_size, hidden_states.dtype)
     state.log_once(
@@ -157,7 +168,7 @@ def _logits_free_loss(
         hidden_size,
         weight.size(0),
     )
-    cp_group, cp_balancing = groups.cp_split(module)
+    cp_group, cp_balancing = groups.cp_split(module, capture.packed_seq_params())
     with weight_gradient_into(lf.main_grad_sink(output_layer, weight)):
         parts = numerical_linear_loss(
             hidden_states,
@@ -210,7 +221,7 @@ def register(
         setattr(module, _MARKER, module.compute_language_model_loss)
         module.compute_language_model_loss = _compute_language_model_loss
     capture.wrap_forwards(_before_forward)
-    registration = Registration(
+    registration = state.Registration(
         cfg=cfg,
         make_accounting=step_accounting,
         logits_free=logits_free,

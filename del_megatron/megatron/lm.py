@@ -29,7 +29,7 @@ from ..loss import NumericalLossConfig
 from . import accounting, resume, state
 from .accounting import DigitAccounting
 from .args import add_arguments, chain_extra_args, check_flags_need_a_loss, config_from_args
-from .enable import attach, enable
+from .enable import check_and_record, enable
 from .groups import process_groups, unwrapped_model
 from .logits_free import weight_gradient_of
 from .loss_func import WRAPPED, make_loss_func
@@ -221,7 +221,7 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
         if cfg is not None:
             registration = state.current()
             route = weight_gradient_of(registration.logits_free) if registration else None
-            attach(model.config, cfg, route)
+            check_and_record(model.config, cfg, route)
         return model
 
     return provider

@@ -20,6 +20,7 @@ from typing import Any, Optional, Union
 import torch
 
 from ..kernels.linear import WEIGHT_GRADIENTS, WeightGradientSink
+from . import capture, state
 
 MIN_CORE = (0, 18)
 FIELD_LOGITS_FREE = "del_logits_free"
@@ -41,7 +42,7 @@ def core_supports() -> bool:
     """Whether this megatron-core's GPTModel.forward (unwrapped) takes an output_processor."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    return takes_output_processor(getattr(GPTModel, "_del_megatron_forward", GPTModel.forward))
+    return takes_output_processor(capture.original_forward(GPTModel))
 
 
 def check_core_supports() -> None:
@@ -175,10 +176,14 @@ def set_on_model_config(config: Any, setting: Union[bool, str]) -> None:
     object.__setattr__(config, FIELD_LOGITS_FREE, setting)
 
 
-def asked_route(model: Any, registration_setting: Union[bool, str, None]) -> Optional[str]:
-    """The route the registration's setting (first) or `model`'s config field asks for, None
-    when neither asks for the logits-free loss."""
-    route = weight_gradient_of(registration_setting)
+def route_of(model: Any) -> Optional[str]:
+    """The weight-gradient route of `model`'s logits-free loss: the current registration's
+    setting (first) or `model`'s config field; None when neither asks for it (or nothing is
+    registered)."""
+    registration = state.current()
+    if registration is None:
+        return None
+    route = weight_gradient_of(registration.logits_free)
     if route is None:
         config = getattr(model, "config", None)
         route = weight_gradient_of(getattr(config, FIELD_LOGITS_FREE, False))

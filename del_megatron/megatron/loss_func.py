@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import reduction, settings, state
+from .groups import unwrapped_model
 from .records import Record, find
 from .telemetry import report_entries
 
@@ -32,9 +33,7 @@ def _expected_loss(model: Any) -> Optional[str]:
     """The numerical loss the current registration (else `model`'s config) asks for, if any."""
     if state.current() is None:
         return None
-    while hasattr(model, "module"):  # DDP / Float16Module
-        model = model.module
-    cfg = settings.of_model(model)
+    cfg = settings.of_model(unwrapped_model(model))
     return None if cfg is None else cfg.loss
 
 
@@ -47,9 +46,9 @@ def check_recorded(rec: Optional[Record], loss: Optional[str]) -> None:
         raise RuntimeError(NOT_RECORDED.format(loss=loss))
 
 
-def reduced(loss_mask: torch.Tensor, rec: Record) -> torch.Tensor:
-    """The recorded loss with its reduction applied (reduction.digit_reduced), marked as seen
-    by our loss function."""
+def reduce_recorded(loss_mask: torch.Tensor, rec: Record) -> torch.Tensor:
+    """The recorded loss with its reduction applied (reduction.digit_reduced); marks it as
+    seen by our loss function (reduction.expect_reduction's check)."""
     reduction.reduced_by_loss_func(rec.output)
     return reduction.digit_reduced(loss_mask, rec.output, rec.parts, rec.cfg)
 
@@ -68,7 +67,7 @@ def apply_to_loss(
     if rec is None:  # the model computed its loss without del_megatron
         check_recorded(rec, _expected_loss(model))
         return base(output_tensor)
-    result = base(reduced(loss_mask, rec))
+    result = base(reduce_recorded(loss_mask, rec))
     if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[2], dict)):
         raise ValueError(
             "del_megatron needs a loss function returning (loss_sum, num_tokens, report), as "

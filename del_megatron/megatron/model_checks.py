@@ -52,15 +52,6 @@ def check_model_config(config: Any, logits_free: Optional[str] = None) -> None:
         state.log_once("fusion", "del_megatron: %s", fusion_replacement(impl, logits_free))
 
 
-def logits_free_route(module: Any) -> Optional[str]:
-    """The weight-gradient route of `module`'s logits-free loss under the current registration,
-    None when the loss keeps its logits (or nothing is registered)."""
-    registration = state.current()
-    if registration is None:
-        return None
-    return lf.asked_route(module, registration.logits_free)
-
-
 def check_model_once(module: Any) -> None:
     """check_model_config for a model the loss hook sees for the first time in this
     registration (its config and logits-free setting; then nothing for it again), and for
@@ -72,7 +63,7 @@ def check_model_once(module: Any) -> None:
     registration.checked_models[id(module)] = module
     if settings.of_model(module) is None:
         return
-    route = logits_free_route(module)
+    route = lf.route_of(module)
     check_model_config(module.config, route)
     output_layer = getattr(module, "output_layer", None)
     if route is not None and output_layer is not None:

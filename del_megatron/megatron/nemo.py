@@ -27,9 +27,9 @@ import torch
 
 from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
-from .enable import api_config, enable
+from .enable import config_of_arguments, enable
 from .given_ids import tokenizer_vocab
-from .loss_func import check_recorded, reduced
+from .loss_func import check_recorded, reduce_recorded
 from .records import find
 from .telemetry import report_entries
 
@@ -71,7 +71,7 @@ def numerical_loss_reduction(reduction_cls: type) -> type:
                 check_recorded(rec, self.numerical_loss)
                 return super().forward(batch, forward_out)
             loss_mask = batch["loss_mask"]
-            result = super().forward(batch, reduced(loss_mask, rec))
+            result = super().forward(batch, reduce_recorded(loss_mask, rec))
             *head, report = result  # 2.7.0: (loss_sum, num_valid_tokens, dict)
             entries = {
                 TELEMETRY_PREFIX + name: pair
@@ -146,16 +146,15 @@ def enable_numerical_loss(
     inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
     if inner is not None and tokenizer_vocab(tokenizer, True) is None:
         tokenizer = inner  # the library tokenizer NeMo's wraps
-    cfg = api_config(
+    cfg = config_of_arguments(
         loss, alpha, reduction, digit_share, slot_logits, vocab, tokenizer, allow_multi_digit_tokens
     )
-    enable(cfg, model_config=model.config, logits_free=logits_free)
     from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
 
     reduction_cls = numerical_loss_reduction(MaskedTokenLossReduction)
     log = getattr(model, "log", None)
-    model._training_loss_reduction = reduction_cls(log=log, numerical_loss=cfg.loss)
-    model._validation_loss_reduction = reduction_cls(
-        validation_step=True, log=log, numerical_loss=cfg.loss
-    )
+    training = reduction_cls(log=log, numerical_loss=cfg.loss)
+    validation = reduction_cls(validation_step=True, log=log, numerical_loss=cfg.loss)
+    enable(cfg, model_config=model.config, logits_free=logits_free)
+    model._training_loss_reduction, model._validation_loss_reduction = training, validation
     return cfg

@@ -16,7 +16,8 @@ from . import state
 
 
 class Record(NamedTuple):
-    """output: the [b, s] loss the hook returned; parts: the pieces behind it; cp_size: the
+    """output: the [b, s] loss the hook returned; parts: the pieces behind it; cfg: the
+    settings it was computed with (settings.of_model); cp_size: the
     context-parallel ranks its sequences are split over; mtp: report entries of the MTP heads
     of the same forward (telemetry.mtp_entries)."""
 

@@ -26,7 +26,7 @@ def model_loss(parts: LossParts, cfg: NumericalLossConfig) -> torch.Tensor:
     return parts.token_loss(cfg.token_weight)
 
 
-def term_scale(mask: torch.Tensor, parts: LossParts) -> torch.Tensor:
+def microbatch_term_scale(mask: torch.Tensor, parts: LossParts) -> torch.Tensor:
     """[] the "digit" reduction's scale on this micro-batch's term (mask [b, s] float: its loss
     tokens): the step's, inside a DigitAccounting step, else the micro-batch's own."""
     n_tokens = mask.sum()
@@ -45,7 +45,7 @@ def digit_reduced(
     if cfg.reduction != "digit":
         return output
     mask = loss_mask.reshape(output.shape).to(parts.term.dtype)
-    extra = cfg.alpha * parts.term * (term_scale(mask, parts) - 1.0)
+    extra = cfg.alpha * parts.term * (microbatch_term_scale(mask, parts) - 1.0)
     return output + extra.to(output.dtype)
 
 

@@ -50,6 +50,26 @@ def record_on_model_config(config: Any, cfg: NumericalLossConfig) -> None:
         object.__setattr__(config, name, value)
 
 
+def numerical_config(
+    loss: str,
+    alpha: float,
+    vocab: Optional[DigitVocab],
+    reduction: Optional[str],
+    digit_share: Optional[float],
+    slot_logits: Optional[str],
+) -> NumericalLossConfig:
+    """The NumericalLossConfig of settings read from flags, config fields or enable_numerical_loss
+    arguments: reduction None is "digit", slot_logits None the default rule."""
+    return NumericalLossConfig(
+        loss=loss,
+        alpha=alpha,
+        vocab=vocab,
+        reduction=reduction or "digit",
+        digit_share=digit_share,
+        slot_logits=slot_logits or DEFAULT_SLOT_LOGITS,
+    )
+
+
 def cfg_from_model_config(config: Any) -> Optional[NumericalLossConfig]:
     """NumericalLossConfig from fields on a Megatron model config; None if it names no loss."""
     loss = getattr(config, FIELD_LOSS, None)
@@ -63,13 +83,13 @@ def cfg_from_model_config(config: Any) -> Optional[NumericalLossConfig]:
             getattr(config, FIELD_POINTS, None) or (),
             getattr(config, FIELD_MULTI_DIGITS, None) or (),
         )
-    return NumericalLossConfig(
-        loss=loss,
-        alpha=getattr(config, FIELD_ALPHA, 0.01),
-        vocab=vocab,
-        reduction=getattr(config, FIELD_REDUCTION, None) or "digit",
-        digit_share=getattr(config, FIELD_SHARE, None),
-        slot_logits=getattr(config, FIELD_SLOT_LOGITS, None) or DEFAULT_SLOT_LOGITS,
+    return numerical_config(
+        loss,
+        getattr(config, FIELD_ALPHA, 0.01),
+        vocab,
+        getattr(config, FIELD_REDUCTION, None),
+        getattr(config, FIELD_SHARE, None),
+        getattr(config, FIELD_SLOT_LOGITS, None),
     )
 
 

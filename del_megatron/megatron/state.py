@@ -1,9 +1,9 @@
 """What register() sets up and unregister() takes down: one Registration, no other state.
 
-The loss hook's settings, the per-micro-batch records telemetry reads, the "digit" reduction's
-step accounting (made on the first training step, when the process groups exist) and the
-counted data iterators all live on the current Registration, so unregister() leaves nothing
-behind.
+The loss hook's settings, the per-micro-batch records the loss function reads, the "digit"
+reduction's step accounting (made on the first training step, when the process groups exist)
+and the counted data iterators all live on the current Registration, so unregister() leaves
+nothing behind.
 """
 
 from __future__ import annotations

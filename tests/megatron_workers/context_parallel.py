@@ -37,10 +37,10 @@ def check_hook_passes_the_cp_group() -> None:
     torch.testing.assert_close(hooked, expected, rtol=1e-6, atol=1e-6)
     unsplit = dm.numerical_lm_loss(local["labels"], logits, CFG)
     assert not torch.allclose(hooked, unsplit)
-    _check_hybrid_cp_layout(model, tokens, labels, cp_group)
+    _check_hybrid_cp_split(model, tokens, labels, cp_group)
 
 
-def _check_hybrid_cp_layout(model, tokens, labels, cp_group) -> None:
+def _check_hybrid_cp_split(model, tokens, labels, cp_group) -> None:
     """Hybrid context parallelism (core 0.19: PackedSeqParams.local_cp_size and cp_group per
     micro-batch): the hook takes the micro-batch's group and cuts the whole packed sequence in
     2 * local_cp_size chunks ("sequence" balancing); with local_cp_size 1 the micro-batch is
