@@ -2,9 +2,9 @@
 
 Megatron-LM (lm.register_from_args) registers the run's NumericalLossConfig before any model
 exists and records it on each model's config once the model provider has built it
-(`check_and_record`).
-Bridge and NeMo have the model config first: `enable(..., model_config=...)` checks it, records
-the settings on it and registers the hook to read them from there.
+(`check_and_record`). Bridge and NeMo have the model config first: `enable(...,
+model_config=...)` checks it, records the settings on it and registers the hook to read them
+from there.
 """
 
 from __future__ import annotations
