@@ -187,6 +187,10 @@ def _read_for_check(args):
             args.allow_multi_digit_tokens,
             vocab_file=args.vocab_file,
             merge_file=args.merge_file,
+            slot_logits=args.slot_logits,
+            tiktoken_pattern=args.tiktoken_pattern,
+            tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
+            vocab_size=args.vocab_size,
         )
     if args.data_path is None or not result.ok:
         return result, None
@@ -363,8 +367,10 @@ def _compare(args) -> int:
     return 0
 
 
-# compare --continue-from-base's arms by default, for a one-digit and a chunking tokenizer.
-CONTINUED_ARMS = ("ce", "del", "del@0.01", "ntl_was", "dist2")
+# compare --continue-from-base's arms by default, for a one-digit and a chunking tokenizer: DEL
+# at the weights the paper wrote (0.1, 0.01) and at the one its Qwen2.5 run applied (1.28,
+# docs/DEL.md).
+CONTINUED_ARMS = ("ce", "del", "del@0.01", "del@1.28", "ntl_was", "dist2")
 CONTINUED_ARMS_CHUNKED = ("ce", "del", "ntl_was")
 
 
@@ -449,7 +455,7 @@ def _slot_logits_arg(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .data_share import DEFAULT_SAMPLE_TOKENS
-    from .preflight import DEFAULT_ALPHA, SENTENCEPIECE
+    from .weights import DEFAULT_ALPHA
 
     parser = argparse.ArgumentParser(prog="del-megatron", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -485,12 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="a tokenizer's digit ids for DEL, the weight recommended for its family, and the "
         "Megatron-LM flags to add",
-        description="Read a tokenizer as Megatron-LM would, report its digit and decimal-point "
-        "ids and whether numbers split one digit per token, name its family and the DEL weight "
-        f"recommended for it (the DEL paper's: {SENTENCEPIECE.alpha:g} for SentencePiece "
-        f"tokenizers like Llama-2, CodeLlama and Mistral 7B; {DEFAULT_ALPHA:g} for byte-level "
-        f"BPE like Qwen-2.5 and DeepSeek, and for families no paper run used), and print the "
-        "flags to add to pretrain_gpt.py.",
+        description="Read a tokenizer as Megatron-LM's --tokenizer-type would, report its digit "
+        "and decimal-point ids and whether numbers split one digit per token or in chunks, name "
+        "its family and the weight the DEL paper's run for that family applied (0.1 "
+        "SentencePiece: CodeLlama, Mistral 7B; 1.28 Qwen2.5; 2.56 DeepSeek-Math; "
+        f"{DEFAULT_ALPHA:g}, --del-alpha's default, for families no paper run used), and print "
+        "the flags to add to pretrain_gpt.py.",
         epilog="Exit status: 0 the tokenizer can serve DEL (its flags printed); 1 it cannot "
         "(the reason printed); 2 bad input or usage (a flag, a missing file, a file that is not "
         "the tokenizer it should be: one line on stderr naming it).",
@@ -521,6 +527,33 @@ def build_parser() -> argparse.ArgumentParser:
         type=_existing("--merge-file", want_file=True),
         default=None,
         help="GPT2BPETokenizer's merges.txt (Megatron-LM's --merge-file)",
+    )
+    check.add_argument(
+        "--tiktoken-pattern",
+        choices=("v1", "v2"),
+        default="v2",
+        help="TikTokenizer's split pattern (Megatron-LM's --tiktoken-pattern, default v2)",
+    )
+    check.add_argument(
+        "--tiktoken-num-special-tokens",
+        type=_number(int, NON_NEGATIVE),
+        default=1000,
+        help="TikTokenizer's id offset (Megatron-LM's --tiktoken-num-special-tokens, default 1000)",
+    )
+    check.add_argument(
+        "--vocab-size",
+        type=positive,
+        default=None,
+        help="TikTokenizer's vocabulary size (Megatron-LM's --vocab-size; default its 131072)",
+    )
+    check.add_argument(
+        "--del-slot-logits",
+        dest="slot_logits",
+        choices=RULES,
+        default=None,
+        help="the run's --del-slot-logits: with a chunking tokenizer, count every digit of its "
+        "multi-digit tokens in the --data-path share (and print the flag); without it the share "
+        "counts the ten single-digit tokens the run trains",
     )
     check.add_argument(
         "--allow-multi-digit-tokens",

@@ -134,6 +134,7 @@ class DatasetShare:
     read_documents: int
     read_tokens: int
     digits: int
+    max_id: int = -1  # the largest token id read (-1: none read)
 
     @property
     def share(self) -> float:
@@ -170,15 +171,16 @@ def dataset_share(
     lengths = index.sequence_lengths.astype(np.int64)
     docs = sample_documents(lengths, budget)
     read = lengths[docs]
-    digits = 0
+    digits, max_id = 0, -1
     if read.sum() > 0:
         tokens = np.memmap(prefix + ".bin", dtype=index.dtype, mode="r")
         starts = index.sequence_pointers[docs].astype(np.int64) // index.dtype_size
         ids = _gather(tokens, starts, read).astype(np.int64)
         table = digit_counts(vocab)
         digits = int(table[np.clip(ids, 0, len(table) - 1)].sum())
+        max_id = int(ids.max())
     return DatasetShare(
-        prefix, len(lengths), int(lengths.sum()), len(docs), int(read.sum()), digits
+        prefix, len(lengths), int(lengths.sum()), len(docs), int(read.sum()), digits, max_id
     )
 
 

@@ -31,7 +31,7 @@ from .numbers import (
 from .sequence import check_balancing, doc_starts, gather_sequence
 from .slots import DEFAULT_SLOT_LOGITS, check_rule, length_conditioned
 from .vocab import NUM_DIGITS, DigitVocab
-from .weights import check_digit_share, check_weight
+from .weights import DEFAULT_ALPHA, check_digit_share, check_weight
 
 LOSSES = ("ce",) + tuple(HEADS)
 REDUCTIONS = ("digit", "token")
@@ -69,7 +69,7 @@ class NumericalLossConfig:
     """
 
     loss: str = "del"
-    alpha: float = 0.01
+    alpha: float = DEFAULT_ALPHA
     vocab: Optional[DigitVocab] = None
     reduction: str = "digit"
     ignore_index: int = -100

@@ -12,22 +12,18 @@ the flags of the token reduction that uses it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
 from .data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
+from .tokenizer_types import NO_TEXT_TYPES, read_as_megatron
 from .tokenizers import (
-    QWEN_PATTERN,
+    QWEN_RANKS,
     MultiDigitTokens,
     OffsetEncoding,
-    load_gpt2_bpe,
-    load_tokenizer,
     spaced_digit_tokens,
 )
 from .vocab import DigitVocab, digit_vocab_from_tokenizer
-
-# `--del-alpha`'s default (del_megatron/megatron/args.py): the smaller of the DEL paper's two
-# settings, for tokenizers the paper did not train with.
-DEFAULT_ALPHA = 0.01
+from .weights import DEFAULT_ALPHA
 
 
 @dataclass(frozen=True)
@@ -39,43 +35,67 @@ class AlphaAdvice:
     source: str
 
 
-# docs/DEL.md: the DEL paper used alpha 0.1 in its CodeLlama and Mistral-7B-v0.1 runs
-# (SentencePiece tokenizers that split digits) and 0.01 in its Qwen-2.5 and DeepSeek-Math runs
-# (byte-level BPE); the authors' training scripts name those models.
+# The weights the DEL paper's runs applied to the mean term over digit targets (docs/DEL.md,
+# "The weight the paper's runs applied"; tests/test_paper_weights.py replays the arithmetic).
 SENTENCEPIECE = AlphaAdvice(
     "SentencePiece (Llama-2, CodeLlama, Mistral 7B style)",
     0.1,
-    "the DEL paper's CodeLlama and Mistral-7B-v0.1 runs",
+    "the weight the DEL paper's CodeLlama and Mistral-7B-v0.1 runs applied (their script wrote "
+    "0.1 and transformers 4.35.2 divided the loss by its accumulation steps)",
 )
-BYTE_LEVEL_BPE = AlphaAdvice(
-    "byte-level BPE (Qwen-2.5, DeepSeek, Llama-3 style)",
-    0.01,
-    "the DEL paper's Qwen-2.5 and DeepSeek-Math runs; its Qwen script did not divide the term by "
-    "its 32 gradient-accumulation steps, so the weight in effect there was about 0.32 "
-    "(docs/DEL.md)",
+QWEN = AlphaAdvice(
+    "Qwen (Qwen-2.5 style byte-level BPE, one digit a token)",
+    1.28,
+    "the weight the DEL paper's Qwen2.5 run applied: its script wrote 0.01 on each "
+    "micro-batch's mean term, and transformers 4.57.1 neither divided it by the 32 accumulation "
+    "steps nor undid its x 4 for 4 processes (0.01 x 32 x 4, docs/DEL.md)",
 )
-TEKKEN = AlphaAdvice(
-    "tekken (Mistral NeMo and later)",
+DEEPSEEK = AlphaAdvice(
+    "DeepSeek LLM / Math (byte-level BPE, one digit a token)",
+    2.56,
+    "the weight the DEL paper's DeepSeek-Math run applied: its script wrote 0.01 on each "
+    "micro-batch's mean term, and transformers 4.57.1 neither divided it by the 32 accumulation "
+    "steps nor undid its x 8 for 8 processes (0.01 x 32 x 8, docs/DEL.md)",
+)
+_NO_RUN = (
+    f"no paper run used this family: --del-alpha's default {DEFAULT_ALPHA:g}, the weight the "
+    "DEL paper's CodeLlama and Mistral runs applied"
+)
+CHUNKING = AlphaAdvice(
+    "chunking (Llama-3, cl100k / o200k, DeepSeek-V3 style: numbers in chunks of up to three)",
     DEFAULT_ALPHA,
-    "no paper run used this family (the paper's Mistral run is Mistral-7B-v0.1, SentencePiece): "
-    "--del-alpha's default, the smaller paper setting",
+    _NO_RUN,
 )
-UNKNOWN = AlphaAdvice(
-    "not recognised",
-    DEFAULT_ALPHA,
-    "no paper run is known for it: --del-alpha's default, the smaller paper setting",
-)
+TEKKEN = AlphaAdvice("tekken (Mistral NeMo and later)", DEFAULT_ALPHA, _NO_RUN)
+BYTE_LEVEL_BPE = AlphaAdvice("byte-level BPE, one digit a token", DEFAULT_ALPHA, _NO_RUN)
+UNKNOWN = AlphaAdvice("not recognised", DEFAULT_ALPHA, _NO_RUN)
+# Added tokens that name a byte-level BPE's family (Qwen's chat markers, DeepSeek's BOS).
+QWEN_MARKERS = ("<|im_start|>",)
+DEEPSEEK_MARKERS = ("<\uff5cbegin\u2581of\u2581sentence\uff5c>",)
 
 
-def alpha_advice(tok: Any) -> AlphaAdvice:
-    """The family of a loaded tokenizer (load_tokenizer's result) and the weight for it."""
+def _added_tokens(tok: Any) -> List[str]:
+    get = getattr(tok, "get_added_tokens_decoder", None)
+    return [t.content for t in get().values()] if callable(get) else []
+
+
+def alpha_advice(tok: Any, chunked: bool = False) -> AlphaAdvice:
+    """The family of a loaded tokenizer (load_tokenizer's result) and the weight for it;
+    chunked: it cuts numbers into chunks of up to three digits."""
+    if chunked:
+        return CHUNKING
     if hasattr(tok, "piece_to_id"):
         return SENTENCEPIECE
     if isinstance(tok, OffsetEncoding):
         return TEKKEN
-    if hasattr(tok, "encode_ordinary"):  # a .tiktoken rank file: Qwen's format
-        return BYTE_LEVEL_BPE
+    if hasattr(tok, "encode_ordinary"):  # a rank file read with Qwen's pattern, or Megatron's
+        return QWEN if getattr(tok, "n_vocab", 0) == QWEN_RANKS else BYTE_LEVEL_BPE
     if hasattr(tok, "to_str"):  # Hugging Face tokenizer.json
+        added = _added_tokens(tok)
+        if any(m in added for m in QWEN_MARKERS):
+            return QWEN
+        if any(m in added for m in DEEPSEEK_MARKERS):
+            return DEEPSEEK
         spec = tok.to_str()
         if "ByteLevel" in spec:
             return BYTE_LEVEL_BPE
@@ -111,19 +131,6 @@ def recommended_weight(loss: str, advice: AlphaAdvice) -> float:
     return OTHER_LOSS_WEIGHTS.get(loss, advice.alpha)
 
 
-# Megatron-LM --tokenizer-type values whose --tokenizer-model is a file load_tokenizer reads.
-MEGATRON_TOKENIZER_TYPES = {
-    "SentencePieceTokenizer": "a SentencePiece .model",
-    "GPTSentencePieceTokenizer": "a SentencePiece .model",
-    "Llama2Tokenizer": "a SentencePiece .model",
-    "TikTokenizer": "a .tiktoken rank file or a tekken JSON",
-    "HuggingFaceTokenizer": "a folder with tokenizer.json (or the file)",
-}
-# The --tokenizer-type that reads GPT-2's vocab.json and merges.txt (--vocab-file, --merge-file).
-GPT2_BPE = "GPT2BPETokenizer"
-NO_TEXT_TYPES = ("NullTokenizer", "NullMultimodalTokenizer")
-
-
 @dataclass
 class Preflight:
     """The outcome of a check: ids found (None when the tokenizer cannot serve DEL), whether
@@ -137,10 +144,20 @@ class Preflight:
     advice: AlphaAdvice = UNKNOWN
     chunked: bool = False
     vocab: Optional[DigitVocab] = None
+    slot_logits: Optional[str] = None
+    vocab_size: Optional[int] = None
 
     @property
     def ok(self) -> bool:
         return self.digit_ids is not None
+
+    @property
+    def route_vocab(self) -> Optional[DigitVocab]:
+        """The number tokens the printed flags train: a chunking tokenizer's ten single digits
+        unless a slot rule is given (then all 1,110), else the vocab as read."""
+        if self.vocab is not None and self.chunked and self.slot_logits is None:
+            return self.vocab.single_digits_only()
+        return self.vocab
 
     def flags(
         self, loss: str = "del", alpha: Optional[float] = None, digit_share: Optional[float] = None
@@ -156,6 +173,8 @@ class Preflight:
             if self.decimal_point_ids:
                 points = " ".join(map(str, self.decimal_point_ids))
                 flags.append(f"--del-decimal-point-token-ids {points}")
+        if self.slot_logits is not None:
+            flags.append(f"--del-slot-logits {self.slot_logits}")
         if digit_share is None:
             flags.append("--del-reduction digit")
         else:
@@ -163,45 +182,6 @@ class Preflight:
         if not self.digits_split:
             flags.append("--del-allow-multi-digit-tokens")
         return " ".join(flags)
-
-
-def _unknown_type(tokenizer_type: str) -> ValueError:
-    known = ", ".join(sorted([*MEGATRON_TOKENIZER_TYPES, GPT2_BPE]) + list(NO_TEXT_TYPES))
-    return ValueError(f"--tokenizer-type {tokenizer_type!r}: this check reads {known}")
-
-
-def _load(
-    path: Optional[str],
-    tokenizer_type: Optional[str],
-    vocab_file: Optional[str],
-    merge_file: Optional[str],
-    tiktoken_pattern: str,
-) -> Tuple[Any, str]:
-    """(the tokenizer, how to name it) from Megatron-LM's tokenizer flags."""
-    gpt2_files = vocab_file is not None or merge_file is not None
-    if tokenizer_type == GPT2_BPE or (tokenizer_type is None and gpt2_files):
-        if path is not None:
-            raise ValueError(
-                f"{GPT2_BPE} reads --vocab-file and --merge-file, not --tokenizer-model: drop "
-                f"--tokenizer-model {path}"
-            )
-        if vocab_file is None or merge_file is None:
-            raise ValueError(
-                f"{GPT2_BPE} needs both --vocab-file (its vocab.json) and --merge-file (its "
-                "merges.txt)"
-            )
-        return load_gpt2_bpe(vocab_file, merge_file), f"{vocab_file} + {merge_file}"
-    if tokenizer_type is not None and tokenizer_type not in MEGATRON_TOKENIZER_TYPES:
-        raise _unknown_type(tokenizer_type)
-    if gpt2_files:
-        raise ValueError(
-            f"--vocab-file and --merge-file are {GPT2_BPE}'s files; --tokenizer-type "
-            f"{tokenizer_type} reads --tokenizer-model only: drop them, or pass --tokenizer-type "
-            f"{GPT2_BPE}"
-        )
-    if path is None:
-        raise ValueError("give the tokenizer file (--tokenizer / --tokenizer-model)")
-    return load_tokenizer(path, tiktoken_pattern), path
 
 
 def _spaced_note(tok: Any) -> str:
@@ -216,13 +196,16 @@ def check_tokenizer(
     path: Optional[str],
     tokenizer_type: Optional[str] = None,
     allow_multi_digit_tokens: bool = False,
-    tiktoken_pattern: str = QWEN_PATTERN,
     vocab_file: Optional[str] = None,
     merge_file: Optional[str] = None,
+    slot_logits: Optional[str] = None,
+    **megatron: Any,
 ) -> Preflight:
-    """Check the tokenizer at `path` (Megatron-LM's --tokenizer-model when tokenizer_type, its
-    --tokenizer-type, is given), or GPT2BPETokenizer's vocab_file and merge_file (--vocab-file,
-    --merge-file). Files that do not exist or cannot be read raise."""
+    """Check the tokenizer at `path` as Megatron-LM's --tokenizer-type reads it (its
+    --tokenizer-model; by what the file holds when tokenizer_type is None), or GPT2BPETokenizer's
+    vocab_file and merge_file. slot_logits: the run's --del-slot-logits (a chunking tokenizer's
+    route). `megatron`: TikTokenizer's tiktoken_pattern, tiktoken_num_special_tokens and
+    vocab_size. Files that do not exist, or are not what the type reads, raise."""
     if tokenizer_type in NO_TEXT_TYPES:
         return Preflight(
             None,
@@ -232,7 +215,9 @@ def check_tokenizer(
             "--del-digit-token-ids with the ids your data uses for '0'..'9' "
             "(and --del-decimal-point-token-ids for '.')",
         )
-    tok, name = _load(path, tokenizer_type, vocab_file, merge_file, tiktoken_pattern)
+    tok, name, vocab_size = read_as_megatron(
+        tokenizer_type, path, vocab_file, merge_file, **megatron
+    )
     try:
         vocab = digit_vocab_from_tokenizer(tok, allow_multi_digit_tokens=False)
         how, split = "one digit per token", True
@@ -246,11 +231,21 @@ def check_tokenizer(
         how, split = f"{refused.how} (DEL: single-digit tokens only)", False
     except ValueError as refused:
         return Preflight(None, [], False, str(refused))
+    if slot_logits is not None and not vocab.chunked:
+        raise ValueError(
+            f"--del-slot-logits {slot_logits} gives a chunking tokenizer's multi-digit tokens "
+            f"their terms, and {name} has one digit a token: drop --del-slot-logits"
+        )
     if vocab.chunked:
+        route = (
+            f"every digit of them, through slot logits under the {slot_logits!r} rule"
+            if slot_logits
+            else "its ten single-digit tokens; --del-slot-logits gives every digit of its "
+            "multi-digit tokens a term too"
+        )
         how = (
             "in chunks of up to three digits, left to right, with all 1,110 number tokens "
-            "(a chunking tokenizer: DEL on its ten single-digit tokens; --del-slot-logits "
-            "gives every digit of its multi-digit tokens a term too)"
+            f"(a chunking tokenizer: DEL on {route})"
         )
     if not split:
         how += _spaced_note(tok)
@@ -259,23 +254,46 @@ def check_tokenizer(
         list(vocab.decimal_point_ids),
         split,
         f"{name}: numbers tokenize {how}",
-        alpha_advice(tok),
+        alpha_advice(tok, vocab.chunked),
         vocab.chunked,
         vocab,
+        slot_logits,
+        vocab_size,
     )
+
+
+# Read at least this many tokens without one digit target, with a tokenizer that has digits,
+# and the data is taken for another tokenizer's.
+NO_DIGITS_SAMPLE = 10_000
 
 
 def measure_data(
     result: Preflight, data_path: Sequence[str], sample_tokens: int = DEFAULT_SAMPLE_TOKENS
 ) -> BlendShare:
-    """The digit share of Megatron-LM's --data-path list, counted with the checked tokenizer's
-    number tokens; ValueError when it has none DEL can use."""
+    """The digit share of Megatron-LM's --data-path list, counted over the targets the printed
+    flags train (a chunking tokenizer's single digits, or every digit with a slot rule).
+    ValueError when the tokenizer has no digit ids, or the data cannot be its tokens (ids at or
+    above its vocabulary size; no digit target in a large sample)."""
     if not result.ok:
         raise ValueError(
             "--data-path: counting digit targets needs a tokenizer with digit ids, and this one "
             f"has none DEL can use: {result.message}"
         )
-    return blend_share(data_path, result.vocab, sample_tokens)
+    data = blend_share(data_path, result.route_vocab, sample_tokens)
+    for d in data.datasets:
+        if result.vocab_size is not None and d.max_id >= result.vocab_size:
+            raise ValueError(
+                f"--data-path {d.prefix!r} holds token id {d.max_id:,}, and the tokenizer has "
+                f"{result.vocab_size:,} ids: the data was written by another tokenizer. Check "
+                "the tokenizer that preprocess_data.py wrote it with"
+            )
+        if d.digits == 0 and d.read_tokens >= NO_DIGITS_SAMPLE:
+            raise ValueError(
+                f"--data-path {d.prefix!r}: no digit target in {d.read_tokens:,} tokens, though "
+                "this tokenizer has digit tokens: the data was likely written by another "
+                "tokenizer. Check the tokenizer that preprocess_data.py wrote it with"
+            )
+    return data
 
 
 def _read(d: DatasetShare) -> str:

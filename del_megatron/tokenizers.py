@@ -295,7 +295,112 @@ class OffsetEncoding:
         return self.encoding.decode_single_token_bytes(token_id - self.offset)
 
 
-def _tiktoken_file(path: str, pattern: str):
+# Megatron-LM's TikTokenizer (--tokenizer-type TikTokenizer, megatron/core/tokenizers/text/
+# libraries/tiktoken_tokenizer.py, the same at core_v0.16.1 to core_v0.19.0): a JSON list of
+# {"rank", "token_bytes", "token_str"}, ids shifted by --tiktoken-num-special-tokens, the first
+# --vocab-size minus that many entries read, split by one of two patterns (--tiktoken-pattern,
+# default v2). Both patterns cut numbers one digit a token (\p{N}).
+MEGATRON_TIKTOKEN_PATTERNS = {
+    "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+    "v2": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+MEGATRON_TIKTOKEN_SPECIALS = 1000  # --tiktoken-num-special-tokens' default
+MEGATRON_TIKTOKEN_VOCAB = 2**17  # TikTokenizer's vocab_size when --vocab-size is not given
+MEGATRON_TIKTOKEN_KEYS = {"rank", "token_bytes", "token_str"}
+
+# The rank files whose split is known, by their number of ranks: Qwen's qwen.tiktoken is
+# read with Qwen's pattern (one digit a token, as Qwen's own tokenizer reads it).
+QWEN_RANKS = 151_643
+LLAMA3_RANKS = 128_000
+
+
+def is_megatron_tiktoken_json(data: Any) -> bool:
+    """Whether parsed JSON is the vocabulary Megatron-LM's TikTokenizer reads."""
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(x, dict) and x.keys() == MEGATRON_TIKTOKEN_KEYS for x in data[:8])
+    )
+
+
+def load_megatron_tiktoken(
+    path: str,
+    pattern: str = "v2",
+    num_special_tokens: int = MEGATRON_TIKTOKEN_SPECIALS,
+    vocab_size: int = MEGATRON_TIKTOKEN_VOCAB,
+    data: Any = None,
+):
+    """A tiktoken Encoding that gives the ids of Megatron-LM's TikTokenizer for the JSON list at
+    `path` (its --tokenizer-model), its --tiktoken-pattern (v1 or v2),
+    --tiktoken-num-special-tokens and --vocab-size. ValueError naming the flag to fix when
+    Megatron-LM could not read the file with them."""
+    import base64
+
+    import tiktoken
+
+    if pattern not in MEGATRON_TIKTOKEN_PATTERNS:
+        raise ValueError(
+            f"--tiktoken-pattern {pattern!r}: Megatron-LM's TikTokenizer takes v1 or v2"
+        )
+    if data is None:
+        data = _json_file(path, MEGATRON_TIKTOKEN_JSON)
+    if not is_megatron_tiktoken_json(data):
+        raise ValueError(f"{path!r} is not {MEGATRON_TIKTOKEN_JSON}")
+    inner = vocab_size - num_special_tokens
+    if len(data) < inner:
+        raise ValueError(
+            f"{path!r} holds {len(data):,} tokens and Megatron-LM's TikTokenizer reads its first "
+            f"--vocab-size {vocab_size} - --tiktoken-num-special-tokens {num_special_tokens} = "
+            f"{inner:,} (it stops on an assertion): pass the run's --vocab-size"
+        )
+    ranks = {
+        base64.b64decode(x["token_bytes"]): x["rank"] + num_special_tokens for x in data[:inner]
+    }
+    return tiktoken.Encoding(
+        path, pat_str=MEGATRON_TIKTOKEN_PATTERNS[pattern], mergeable_ranks=ranks, special_tokens={}
+    )
+
+
+MEGATRON_TIKTOKEN_JSON = (
+    'the JSON list of {"rank", "token_bytes", "token_str"} that Megatron-LM\'s TikTokenizer reads'
+)
+
+
+def is_rank_file(path: str) -> bool:
+    """Whether the file at `path` is a tiktoken rank file (lines '<base64> <rank>'), whatever
+    its name (Meta's Llama-3 tokenizer.model is one)."""
+    import base64
+    import binascii
+
+    with open(path, "rb") as fh:
+        head = fh.read(4096).split(b"\n")[:-1] or [b""]
+    parts = head[0].split()
+    if len(parts) != 2 or not parts[1].isdigit():
+        return False
+    try:
+        base64.b64decode(parts[0], validate=True)
+    except (ValueError, binascii.Error):
+        return False
+    return True
+
+
+def _rank_file_refusal(path: str, n_ranks: int) -> ValueError:
+    what = "a tiktoken rank file"
+    if n_ranks == LLAMA3_RANKS:
+        what = f"a tiktoken rank file of {n_ranks:,} ranks, as Meta's Llama-3 tokenizer.model is"
+    return ValueError(
+        f"{path!r} is {what}: it carries no pre-tokenizer pattern, which decides how numbers "
+        "split, and no Megatron-LM --tokenizer-type reads it (TikTokenizer takes a JSON list). "
+        "Megatron-LM reads Llama-3 with --tokenizer-type HuggingFaceTokenizer and the folder "
+        "holding its tokenizer.json, which cuts numbers into chunks of up to three digits: "
+        "check that folder"
+    )
+
+
+def _tiktoken_file(path: str, pattern: Optional[str]):
+    """A rank file with `pattern`; pattern None: Qwen's for Qwen's ranks, else refused."""
     import base64
     import binascii
 
@@ -317,6 +422,10 @@ def _tiktoken_file(path: str, pattern: str):
                 ) from None
     if not ranks:
         raise ValueError(f"{path!r} holds no tiktoken ranks (lines '<base64> <rank>')")
+    if pattern is None:
+        if len(ranks) != QWEN_RANKS:
+            raise _rank_file_refusal(path, len(ranks))
+        pattern = QWEN_PATTERN
     return tiktoken.Encoding(path, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
 
 
@@ -393,28 +502,40 @@ def _json_tokenizer(path: str, data: Any):
         raise ValueError(f"{path!r}: the tokenizers library cannot read it ({exc})") from None
 
 
-def load_tokenizer(path: str, tiktoken_pattern: str = QWEN_PATTERN):
-    """A tokenizer object from a file: SentencePiece `.model`, tiktoken rank file
-    (`.tiktoken`, e.g. Qwen's; `tiktoken_pattern` is its pre-tokenizer), Mistral tekken JSON,
-    Hugging Face `tokenizer.json` (or a folder holding one). A file that is none of them raises
-    ValueError naming it."""
+def load_tokenizer(path: str, tiktoken_pattern: Optional[str] = None):
+    """A tokenizer object from a file: SentencePiece `.model`, a tiktoken rank file (read with
+    `tiktoken_pattern`, its pre-tokenizer; None: Qwen's for Qwen's qwen.tiktoken, any other
+    rank file refused, since its split cannot be known), Mistral tekken JSON, Megatron-LM's
+    TikTokenizer JSON list (its defaults: pattern v2, ids shifted by 1000), Hugging Face
+    `tokenizer.json` (or a folder holding one). A file that is none of them raises ValueError
+    naming it."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"no tokenizer.json in {os.path.dirname(path)!r}")
-    if path.endswith(".tiktoken"):
+    if path.endswith(".tiktoken") or is_rank_file(path):
         return _tiktoken_file(path, tiktoken_pattern)
     if path.endswith(".json"):
-        return _json_tokenizer(path, _json_file(path))
+        data = _json_file(path)
+        if is_megatron_tiktoken_json(data):
+            return load_megatron_tiktoken(
+                path, vocab_size=len(data) + MEGATRON_TIKTOKEN_SPECIALS, data=data
+            )
+        return _json_tokenizer(path, data)
+    return load_sentencepiece(path)
+
+
+def load_sentencepiece(path: str):
+    """A SentencePiece processor of the model at `path`; ValueError when it is not one."""
     import sentencepiece
 
     try:
         return sentencepiece.SentencePieceProcessor(model_file=path)
     except (RuntimeError, OSError) as exc:
         raise ValueError(
-            f"{path!r} is not a SentencePiece model, a .tiktoken rank file, a tekken JSON or a "
+            f"{path!r} is not a SentencePiece model, a tiktoken rank file, a tekken JSON or a "
             "Hugging Face tokenizer.json"
         ) from exc
 

@@ -12,6 +12,11 @@ import math
 import numbers
 from typing import Any
 
+# The one default of alpha (--del-alpha, NumericalLossConfig, Bridge's and NeMo's
+# enable_numerical_loss): the weight the DEL paper wrote and applied in its CodeLlama and
+# Mistral-7B runs (docs/DEL.md, "The weight the paper's runs applied").
+DEFAULT_ALPHA = 0.1
+
 
 def _real(value: Any, name: str) -> float:
     item = getattr(value, "item", None)

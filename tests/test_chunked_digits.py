@@ -269,7 +269,7 @@ def test_check_reports_the_real_llama3_file_as_chunking():
     text = report(result)
     assert "chunks of up to three digits" in text and "1,110 number tokens" in text
     assert text.splitlines()[-1].endswith(
-        "--numerical-loss del --del-alpha 0.01 --del-reduction digit"
+        "--numerical-loss del --del-alpha 0.1 --del-reduction digit"
     )
 
 

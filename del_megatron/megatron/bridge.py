@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
+from ..weights import DEFAULT_ALPHA
 from . import accounting, settings, state
 from .accounting import DigitAccounting
 from .enable import config_of_arguments, enable
@@ -98,7 +99,7 @@ def enable_numerical_loss(
     tokenizer: Any = None,
     *,
     loss: str = "del",
-    alpha: float = 0.01,
+    alpha: float = DEFAULT_ALPHA,
     reduction: str = "digit",
     digit_share: Optional[float] = None,
     slot_logits: Optional[str] = None,

@@ -27,6 +27,7 @@ import torch
 
 from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
+from ..weights import DEFAULT_ALPHA
 from .enable import config_of_arguments, enable
 from .given_ids import tokenizer_vocab
 from .loss_func import check_recorded, reduce_recorded
@@ -117,7 +118,7 @@ def enable_numerical_loss(
     tokenizer: Any = None,
     *,
     loss: str = "del",
-    alpha: float = 0.01,
+    alpha: float = DEFAULT_ALPHA,
     reduction: str = "digit",
     digit_share: Optional[float] = None,
     slot_logits: Optional[str] = None,

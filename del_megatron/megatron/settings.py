@@ -15,6 +15,7 @@ from typing import Any, Optional
 from ..loss import NumericalLossConfig
 from ..slots import DEFAULT_SLOT_LOGITS
 from ..vocab import DigitVocab
+from ..weights import DEFAULT_ALPHA
 from . import state
 
 FIELD_LOSS = "numerical_loss"
@@ -85,7 +86,7 @@ def cfg_from_model_config(config: Any) -> Optional[NumericalLossConfig]:
         )
     return numerical_config(
         loss,
-        getattr(config, FIELD_ALPHA, 0.01),
+        getattr(config, FIELD_ALPHA, DEFAULT_ALPHA),
         vocab,
         getattr(config, FIELD_REDUCTION, None),
         getattr(config, FIELD_SHARE, None),
