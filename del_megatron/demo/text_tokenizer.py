@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Optional
 
 from ..tokenizers import load_tokenizer, token_codec
 
@@ -13,6 +13,16 @@ from ..tokenizers import load_tokenizer, token_codec
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+# End-of-text tokens of Hugging Face tokenizers: Llama-3, Qwen / GPT-2 / SmolLM, Llama-2 and
+# Mistral, DeepSeek.
+END_OF_TEXT = (
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "</s>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
 )
 
 
@@ -26,7 +36,10 @@ class TextTokenizer:
         if hasattr(self.inner, "eos_id") and self.inner.eos_id() >= 0:  # SentencePiece
             self.eod = self.inner.eos_id()
             self.vocab_size = self.inner.get_piece_size()
-        else:  # tiktoken / HF: append an end-of-document id
+        elif self._end_of_text() is not None:  # a real HF tokenizer: its own end of text
+            self.eod = self._end_of_text()
+            self.vocab_size = self.inner.get_vocab_size()
+        else:  # tiktoken, a BPE trained here: append an end-of-document id
             size = getattr(self.inner, "n_vocab", None)
             if size is None:
                 size = self.inner.get_vocab_size()
@@ -35,6 +48,12 @@ class TextTokenizer:
         self.pad = self.eod
         # Megatron's datasets hash this into their cache names.
         self.unique_identifiers = {"class": "TextTokenizer", "path": self.path}
+
+    def _end_of_text(self) -> Optional[int]:
+        """The id of a Hugging Face tokenizer's end-of-text token (END_OF_TEXT), if it has one."""
+        find = getattr(self.inner, "token_to_id", None)
+        ids = [find(name) for name in END_OF_TEXT] if callable(find) else []
+        return next((i for i in ids if i is not None), None)
 
     def encode(self, text: str) -> List[int]:
         return list(self._encode(text))

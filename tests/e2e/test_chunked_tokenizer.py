@@ -145,3 +145,42 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, dataset):
         # resumed run's line 7 is the mean of its steps 6 and 7 (as every run's line 2 is)
         if key != "grad norm":
             assert got[1] == pytest.approx((want[0] + want[1]) / 2, rel=PRINTED), key
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> str:
+    """`del-megatron prepare`'s synthetic corpus written with Llama-3.2's tokenizer.json."""
+    from del_megatron.demo.data import PREFIX, prepare
+
+    out = tmp_path_factory.mktemp("prepared-llama3")
+    prepare(str(out), tokenizer=str(LLAMA3_DIR / "tokenizer.json"), num_docs=800, num_eval=4)
+    return str(out / PREFIX)
+
+
+@pytest.mark.parametrize("route", ["single digits", "slots"])
+def test_the_share_check_prints_is_the_share_the_pasted_flags_train(
+    trainers, prepared, route, capsys
+):
+    """`check --data-path` on the prepared corpus, its token-route flags pasted into a run: the
+    run's measured `digit share` (its mean over 10 iterations of 4,096 tokens) is within 5% of
+    the printed share, and the share watch stays silent. Without --del-slot-logits the share
+    counts the ten single-digit tokens the run trains; with it, every digit."""
+    from del_megatron.cli import main
+
+    slots = ["--del-slot-logits", "length"] if route == "slots" else []
+    tokenizer = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(LLAMA3_DIR)]
+    assert main(["check", *tokenizer, "--data-path", prepared, *slots]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("or the token")]
+    flags = line[line.index("--numerical-loss") :].split()
+    printed = float(flags[flags.index("--del-digit-share") + 1])
+    assert ("--del-slot-logits" in flags) == (route == "slots")
+    trainer = trainers(TAG, "drop-in")
+    argv = TINY_GPT + tokenizer + ["--data-path", prepared, "--split", "90,10,0"]
+    argv += ["--tensor-model-parallel-size", "2", "--micro-batch-size", "8"]
+    argv += ["--global-batch-size", "32", *flags]
+    run = trainer.run(f"pasted-{route.replace(' ', '-')}", argv)
+    assert run.returncode == 0 and sorted(run.iterations) == list(range(1, 11)), run.log[-3000:]
+    measured = sum(run.series("digit share", 1, 10)) / 10
+    print(f"{route}: check printed {printed}, the run measured {measured:.4f}")
+    assert measured == pytest.approx(printed, rel=0.05)
+    assert "del_megatron: --del-digit-share is" not in run.log
