@@ -12,10 +12,10 @@ a cross-entropy run's. docs/continued-pretraining.md walks the whole path.
     torchrun --nproc-per-node 8 examples/bridge_pretrain_del.py --hf-model Qwen/Qwen2.5-0.5B \\
         --pretrained-checkpoint /ckpt/qwen25-0.5b-megatron \\
         --data-path /data/numbers_text_document --save /ckpt/qwen25-del \\
-        --train-iters 2000 --alpha 0.01
+        --train-iters 2000 --alpha 0.1
 
     # Qwen2.5-0.5B recipe from random weights, mock data (the tokenizer from the HF Hub)
-    torchrun --nproc-per-node 1 examples/bridge_pretrain_del.py --alpha 0.01
+    torchrun --nproc-per-node 1 examples/bridge_pretrain_del.py --alpha 0.1
 
     # a tiny Qwen2-class model from a local config, built and printed, pretrain() not run
     python examples/bridge_pretrain_del.py --tiny --tokenizer /path/to/hf_tokenizer_dir --dry-run
@@ -30,13 +30,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from del_megatron.weights import DEFAULT_ALPHA
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     from del_megatron.loss import LOSSES
 
     parser.add_argument("--loss", default="del", choices=list(LOSSES))
-    parser.add_argument("--alpha", type=float, default=0.01)
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     parser.add_argument("--reduction", default="digit", choices=["digit", "token"])
     parser.add_argument(
         "--digit-share",

@@ -150,6 +150,15 @@ def test_a_recipe_with_a_chunking_tokenizer_gets_its_number_tokens(bridge):
     }
 
 
+def test_readmes_bridge_block_runs_as_written(bridge):
+    """README.md's Bridge lines on a recipe ConfigContainer: DEL at 0.1 with the recipe
+    tokenizer's ids, and pretrain() called with the config and our forward step."""
+    r = bridge["readme"]
+    assert r["pretrain_calls"] == [[True, "numerical_forward_step"]]
+    assert (r["loss"], r["alpha"], r["reduction"]) == ("del", 0.1, "digit")
+    assert r["digit_ids"] == list(range(2, 12))
+
+
 def test_recipe_example_dry_run_enables_the_loss(tmp_path):
     """examples/bridge_pretrain_del.py --tiny --dry-run, as README gives it: a recipe
     ConfigContainer, enable_numerical_loss reads the digit ids from the recipe's tokenizer."""
@@ -161,7 +170,7 @@ def test_recipe_example_dry_run_enables_the_loss(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("DEL: "))
     assert line == (
-        "DEL: dist2, alpha 0.01, digit reduction, digit ids [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "
+        "DEL: dist2, alpha 0.1, digit reduction, digit ids [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "
         "decimal points [12]; provider megatron.bridge.models.gpt_provider.GPTModelProvider"
     )
 

@@ -26,6 +26,7 @@ from .forward_step import (
     refused_without_registration,
     token_reduction,
 )
+from .readme import readme_bridge_block
 
 
 def check_bridge(out: str) -> None:
@@ -71,5 +72,6 @@ def check_bridge(out: str) -> None:
     result["model_config"] = model_config_path(state, tokenizer, cfg.vocab)
     result["fsdp"] = logits_free_under_fsdp(provider, tokenizer)
     result["chunking"] = chunking_recipe()
+    result["readme"] = readme_bridge_block(digit_tokenizer_dir(tempfile.mkdtemp()))
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

@@ -1,0 +1,101 @@
+"""The code README.md and docs/api.md show runs: every Python block executes on small inputs
+(labels, logits, a tokenizer the tests already have), and every command line's flags parse with
+the real parsers: `del-megatron check`'s, and Megatron-LM's own with our flags added (where
+megatron.training imports: the Python 3.12 environment). README's Megatron-Bridge block runs in
+the Bridge layer (tests/bridge_workers/readme.py)."""
+
+import argparse
+import sys
+
+import pytest
+import torch
+
+from .docs_snippets import DOCS, command_lines, python_blocks, substitute
+from .sentencepiece_models import train_sentencepiece_models
+
+S = 16
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory):
+    return train_sentencepiece_models(tmp_path_factory.mktemp("sp"))["split"]
+
+
+@pytest.fixture(scope="module")
+def paths(sentencepiece_model, tmp_path_factory):
+    """The docs' example paths -> files the tests have: a SentencePiece model for Llama-2's,
+    Llama-3.2's tokenizer folder for a Hugging Face model's."""
+    from .test_tokenizers import LLAMA3_TOKENIZER
+
+    return {
+        "/data/llama2/tokenizer.model": sentencepiece_model,
+        "/data/Qwen2.5-7B": str(LLAMA3_TOKENIZER.parent),
+    }
+
+
+def namespace(sentencepiece_model) -> dict:
+    """The inputs a block uses and does not define: labels [1, S] with numbers in them, logits
+    [S, 1, V], a tokenizer, packed-sequence bounds, the output layer's input and weight."""
+    import sentencepiece as spm
+
+    tok = spm.SentencePieceProcessor(model_file=sentencepiece_model)
+    ids = tok.encode("x = 12.5 + 407, then 3", out_type=int)
+    labels = torch.tensor([(ids * S)[:S]])
+    vocab_size, hidden = tok.get_piece_size(), 8
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "tok": tok,
+        "labels": labels,
+        "logits": torch.randn(S, 1, vocab_size, generator=gen),
+        "tp_group": None,
+        "cp_group": None,
+        "cu": torch.tensor([0, 7, S], dtype=torch.int32),
+        "hidden": torch.randn(S, 1, hidden, generator=gen),
+        "weight": torch.randn(vocab_size, hidden, generator=gen),
+        "loss_mask": torch.ones(1, S),
+    }
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_python_block_runs(doc, sentencepiece_model, paths):
+    blocks = [b for b in python_blocks(doc) if "megatron.bridge" not in b]
+    assert blocks, doc
+    scope = namespace(sentencepiece_model)
+    for block in blocks:
+        for shown, real in paths.items():
+            block = block.replace(f'"{shown}"', repr(real))
+        exec(compile(block, doc, "exec"), scope)
+        loss = scope.get("loss")
+        assert loss is None or bool(torch.isfinite(loss).all()), block
+
+
+def commands(program: str):
+    return [argv for doc in DOCS for argv in command_lines(doc) if program in argv[:4]]
+
+
+def test_every_check_line_parses_and_runs(paths, capsys):
+    from del_megatron.cli import build_parser, main
+
+    lines = commands("check")
+    assert len(lines) >= 2
+    for argv in lines:
+        argv = substitute(argv[1:], paths)  # after `del-megatron`
+        build_parser().parse_args(argv)
+        assert main(argv) == 0, argv
+    capsys.readouterr()
+
+
+def test_every_pretrain_gpt_line_parses_with_megatron_lms_parser(monkeypatch):
+    """The flags of README's torchrun line, Megatron-LM's and ours, through Megatron-LM's own
+    parse_args with our add_arguments (megatron-core 0.19's megatron.training)."""
+    arguments = pytest.importorskip("megatron.training.arguments", exc_type=ImportError)
+    from del_megatron.megatron.args import add_arguments
+
+    lines = commands("pretrain_gpt.py")
+    assert lines
+    for argv in lines:
+        flags = argv[argv.index("pretrain_gpt.py") + 1 :]
+        monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *flags])
+        args = arguments.parse_args(extra_args_provider=add_arguments)
+        assert args.numerical_loss == "del" and args.tensor_model_parallel_size == 4
+        add_arguments(argparse.ArgumentParser()).parse_known_args(flags)
