@@ -170,21 +170,24 @@ def test_flags_refuse_what_cannot_work():
         dmm.config_from_args(args)
 
 
-def digit_grouping_bpe():
-    """A Llama-3-style byte-level BPE whose pre-tokenizer groups digits by three."""
+def digit_grouping_bpe(digits: str = r"\d{1,3}", special_tokens=()):
+    r"""A Llama-3-style byte-level BPE whose pre-tokenizer groups digits by three (`digits`:
+    another grouping, Qwen's one digit a token r"\p{N}"), with `special_tokens` added."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(digits), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]
     )
     tok.decoder = decoders.ByteLevel()
     corpus = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, e is 2.71828" for i in range(2000)]
     trainer = trainers.BpeTrainer(
-        vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=1500,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=list(special_tokens),
     )
     tok.train_from_iterator(corpus, trainer)
     return tok

@@ -81,25 +81,8 @@ def _metaspace_bpe(path):
 def _byte_level_digits(path, special: str):
     """A Qwen-2.5-style tokenizer.json (byte-level BPE, digits one per token: Qwen's \\p{N}) with
     `special` as an added token (Qwen's <|im_start|>, DeepSeek's BOS)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    corpus = [f"{i} + {i * 7} = {i * 8}. pi is 3.14159, x = 42.5" for i in range(500)]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[special],
-    )
-    tok.train_from_iterator(corpus, trainer)
     path.parent.mkdir(exist_ok=True)
-    tok.save(str(path))
+    digit_grouping_bpe(r"\p{N}", [special]).save(str(path))
     return str(path)
 
 
