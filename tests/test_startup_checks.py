@@ -125,7 +125,7 @@ def test_a_merging_tokenizer_with_explicit_ids_still_needs_the_opt_in():
 @pytest.mark.parametrize(
     "argv, named",
     [
-        (["--del-alpha", "0.1", "--del-reduction", "token"], "--del-alpha, --del-reduction set"),
+        (["--del-alpha", "0.3", "--del-reduction", "token"], "--del-alpha, --del-reduction set"),
         (["--del-digit-token-ids", *map(str, range(10))], "--del-digit-token-ids set"),
         (["--del-slot-logits", "any" if dmm.add_arguments(argparse.ArgumentParser())
           .parse_args([]).del_slot_logits == "length" else "length"], "--del-slot-logits set"),
@@ -142,6 +142,21 @@ def test_del_flags_without_a_numerical_loss_are_refused_with_the_flag_to_add(arg
     # --del-logits-free acts on CE too; the defaults alone are plain CE
     assert dmm.config_from_args(parse(["--del-logits-free"])).loss == "ce"
     assert register_from_args(parse([]), tokenizer=None) is None
+
+
+def test_a_del_flag_given_at_its_default_without_a_loss_is_refused_too(monkeypatch):
+    """--del-alpha 0.1 is the default value: on the command line without --numerical-loss it
+    is still the forgotten flag (Megatron-LM parses sys.argv)."""
+    argv = ["--del-alpha", "0.1"]
+    args = parse(argv)
+    assert args.del_alpha == dmm.add_arguments(argparse.ArgumentParser()).parse_args([]).del_alpha
+    dmm.config_from_args(args)  # the value alone: nothing says it was given
+    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", *argv])
+    with pytest.raises(ValueError, match="--del-alpha set, but --numerical-loss is ce"):
+        dmm.config_from_args(args)
+    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", "--del-alpha=0.1"])
+    with pytest.raises(ValueError, match="--del-alpha set, but --numerical-loss is ce"):
+        dmm.config_from_args(args)
 
 
 def test_the_startup_report_names_loss_weight_reduction_slot_rule_and_ids(caplog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Callable, Optional
 
 from ..kernels.linear import DEFAULT_WEIGHT_GRADIENT, WEIGHT_GRADIENTS
@@ -233,9 +234,15 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
 WITH_CE = ("del_logits_free",)
 
 
+def _on_the_command_line(flag: str) -> bool:
+    """Whether `flag` is in this process's command line (Megatron-LM parses sys.argv)."""
+    return any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
+
+
 def check_flags_need_a_loss(args) -> None:
-    """Refuse --del-* flags set to other than their defaults under --numerical-loss ce: they
-    would do nothing, and the run would train plain CE in silence."""
+    """Refuse --del-* flags set under --numerical-loss ce, to other than their defaults or
+    given on the command line at all (--del-alpha 0.1 is the default): they would do nothing,
+    and the run would train plain CE in silence."""
     if getattr(args, "numerical_loss", "ce") != "ce":
         return
     defaults = vars(add_arguments(argparse.ArgumentParser()).parse_args([]))
@@ -244,7 +251,10 @@ def check_flags_need_a_loss(args) -> None:
         for name, default in defaults.items()
         if name.startswith("del_")
         and name not in WITH_CE
-        and getattr(args, name, default) != default
+        and (
+            getattr(args, name, default) != default
+            or _on_the_command_line("--" + name.replace("_", "-"))
+        )
     ]
     if set_flags:
         losses = ", ".join(loss for loss in LOSSES if loss != "ce")
