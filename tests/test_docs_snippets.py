@@ -1,11 +1,9 @@
 """The code README.md and docs/api.md show runs: every Python block executes on small inputs
 (labels, logits, a tokenizer the tests already have), and every command line's flags parse with
-the real parsers: `del-megatron check`'s, and Megatron-LM's own with our flags added (where
-megatron.training imports: the Python 3.12 environment). README's Megatron-Bridge block runs in
-the Bridge layer (tests/bridge_workers/readme.py)."""
-
-import argparse
-import sys
+the real parsers: `del-megatron check`'s here, Megatron-LM's own with our flags added in
+tests/test_docs_megatron_flags.py (where megatron.training imports: the Python 3.12
+environment). README's Megatron-Bridge block runs in the Bridge layer
+(tests/bridge_workers/readme.py)."""
 
 import pytest
 import torch
@@ -83,19 +81,3 @@ def test_every_check_line_parses_and_runs(paths, capsys):
         build_parser().parse_args(argv)
         assert main(argv) == 0, argv
     capsys.readouterr()
-
-
-def test_every_pretrain_gpt_line_parses_with_megatron_lms_parser(monkeypatch):
-    """The flags of README's torchrun line, Megatron-LM's and ours, through Megatron-LM's own
-    parse_args with our add_arguments (megatron-core 0.19's megatron.training)."""
-    arguments = pytest.importorskip("megatron.training.arguments", exc_type=ImportError)
-    from del_megatron.megatron.args import add_arguments
-
-    lines = commands("pretrain_gpt.py")
-    assert lines
-    for argv in lines:
-        flags = argv[argv.index("pretrain_gpt.py") + 1 :]
-        monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *flags])
-        args = arguments.parse_args(extra_args_provider=add_arguments)
-        assert args.numerical_loss == "del" and args.tensor_model_parallel_size == 4
-        add_arguments(argparse.ArgumentParser()).parse_known_args(flags)
