@@ -16,6 +16,7 @@ from typing import Any, Optional, Tuple
 from .tokenizers import (
     MEGATRON_TIKTOKEN_SPECIALS,
     MEGATRON_TIKTOKEN_VOCAB,
+    _is_vocab_json,
     is_megatron_tiktoken_json,
     is_rank_file,
     load_gpt2_bpe,
@@ -76,7 +77,7 @@ def file_kind(path: str) -> str:
                 return "tekken"
             if isinstance(data.get("model"), dict):
                 return "tokenizer.json"
-            if data and all(type(v) is int for v in data.values()):
+            if _is_vocab_json(data):
                 return "vocab.json"
         return "unknown"
     try:

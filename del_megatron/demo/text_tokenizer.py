@@ -33,11 +33,12 @@ class TextTokenizer:
         self.path = os.path.abspath(path)
         self.inner = load_tokenizer(path)
         self._encode, self._decode_one = token_codec(self.inner)
+        end_of_text = self._end_of_text()
         if hasattr(self.inner, "eos_id") and self.inner.eos_id() >= 0:  # SentencePiece
             self.eod = self.inner.eos_id()
             self.vocab_size = self.inner.get_piece_size()
-        elif self._end_of_text() is not None:  # a real HF tokenizer: its own end of text
-            self.eod = self._end_of_text()
+        elif end_of_text is not None:  # a real HF tokenizer: its own end of text
+            self.eod = end_of_text
             self.vocab_size = self.inner.get_vocab_size()
         else:  # tiktoken, a BPE trained here: append an end-of-document id
             size = getattr(self.inner, "n_vocab", None)
