@@ -687,6 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(compare, skip=COMPARE_SETS, continued="flag")
     compare.set_defaults(func=_compare)
 
+    from .qa.commands import add_commands
+
+    add_commands(sub, _arm, positive, _existing)
+
     train = sub.add_parser("train", help="one training run (the torchrun worker)")
     train.add_argument(
         "--data-dir",

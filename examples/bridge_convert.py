@@ -88,21 +88,17 @@ def main(argv=None) -> int:
     from megatron.bridge import AutoBridge
 
     if args.direction == "import" and args.cpu:  # import_ckpt's own steps, local layers
-        from del_megatron.cpu.bridge import cpu_provider
+        from del_megatron.cpu.bridge import import_hf
 
-        bridge = AutoBridge.from_hf_pretrained(args.hf_model)
-        provider = cpu_provider(bridge.to_megatron_provider(load_weights=True))
-        provider.finalize()
-        model = provider.provide_distributed_model(wrap_with_ddp=False)
-        bridge.save_megatron_model(model, args.megatron_path, hf_tokenizer_path=args.hf_model)
+        import_hf(args.hf_model, args.megatron_path)
     elif args.direction == "import":
         AutoBridge.import_ckpt(args.hf_model, args.megatron_path)
     elif args.megatron_lm:
         export_megatron_lm(args)
     elif args.cpu:  # export_ckpt's own steps, in the gloo process made above
-        bridge = AutoBridge.from_hf_pretrained(args.hf_model)
-        model = bridge.load_megatron_model(args.megatron_path, wrap_with_ddp=False)
-        bridge.save_hf_pretrained(model, args.hf_path, show_progress=False)
+        from del_megatron.cpu.bridge import export_hf
+
+        export_hf(args.hf_model, args.megatron_path, args.hf_path)
     else:
         bridge = AutoBridge.from_hf_pretrained(args.hf_model)
         bridge.export_ckpt(args.megatron_path, args.hf_path, show_progress=False)

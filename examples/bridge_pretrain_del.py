@@ -155,24 +155,11 @@ def build_config(args: argparse.Namespace):
     cfg.tokenizer.vocab_size = None
     if args.hf_model:  # the model's (padded) vocabulary, as in the converted checkpoint
         cfg.tokenizer.use_tokenizer_vocab_size = False
-    if args.cpu:
-        for_cpu(cfg)
+    if args.cpu:  # gloo, fp32, Megatron-Core's local layers, no fusions
+        from del_megatron.cpu.bridge import cpu_config
+
+        cpu_config(cfg)
     return cfg
-
-
-def for_cpu(cfg) -> None:
-    """gloo, fp32, Megatron-Core's local layers, the plain (not distributed) optimizer, no
-    overlap, no dropout, no TensorBoard: what a CUDA-less machine runs."""
-    from del_megatron.cpu.bridge import cpu_provider
-
-    cpu_provider(cfg.model)
-    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0
-    cfg.mixed_precision = None
-    cfg.dist.distributed_backend = "gloo"
-    cfg.ddp.use_distributed_optimizer = cfg.optimizer.use_distributed_optimizer = False
-    cfg.ddp.overlap_grad_reduce = cfg.ddp.overlap_param_gather = False
-    cfg.optimizer.bf16 = False
-    cfg.logger.tensorboard_dir = None
 
 
 def _bridge_without_cuda(dry_run: bool) -> None:

@@ -175,7 +175,8 @@ def init_single_process(seed: int = 1234) -> None:
 
 def cpu_provider(provider: Any) -> Any:
     """A Bridge model provider set for CPU: Megatron-Core's local layers (no Transformer Engine),
-    local attention, fp32 weights made on the CPU. Returns the provider."""
+    local attention, no fused kernels (Llama's providers ask for TE's fused RoPE and Apex's
+    fused bias-activation), fp32 weights made on the CPU. Returns the provider."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
     provider.transformer_layer_spec = local_layer_spec
@@ -184,4 +185,43 @@ def cpu_provider(provider: Any) -> Any:
     provider.use_cpu_initialization = True
     provider.params_dtype = torch.float32
     provider.bf16 = provider.fp16 = False
+    provider.apply_rope_fusion = False
+    provider.bias_activation_fusion = provider.masked_softmax_fusion = False
+    provider.gradient_accumulation_fusion = False
     return provider
+
+
+def cpu_config(cfg: Any) -> Any:
+    """A Bridge ConfigContainer set for CPU: its provider by `cpu_provider`, no dropout, fp32,
+    gloo, the plain (not distributed) optimizer, no overlap, no TensorBoard. Returns `cfg`."""
+    cpu_provider(cfg.model)
+    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0
+    cfg.mixed_precision = None
+    cfg.dist.distributed_backend = "gloo"
+    cfg.ddp.use_distributed_optimizer = cfg.optimizer.use_distributed_optimizer = False
+    cfg.ddp.overlap_grad_reduce = cfg.ddp.overlap_param_gather = False
+    cfg.optimizer.bf16 = False
+    cfg.logger.tensorboard_dir = None
+    return cfg
+
+
+def import_hf(hf_model: str, megatron_path: str) -> None:
+    """AutoBridge.import_ckpt's steps on CPU, in this (single gloo) process: the Hugging Face
+    model's weights into a Megatron checkpoint of Megatron-Core's local layers."""
+    from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(hf_model)
+    provider = cpu_provider(bridge.to_megatron_provider(load_weights=True))
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False)
+    bridge.save_megatron_model(model, megatron_path, hf_tokenizer_path=hf_model)
+
+
+def export_hf(hf_model: str, megatron_path: str, hf_path: str) -> None:
+    """AutoBridge.export_ckpt's steps on CPU: the latest checkpoint of `megatron_path` as a
+    Hugging Face model of `hf_model`'s architecture and tokenizer, written to `hf_path`."""
+    from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(hf_model)
+    model = bridge.load_megatron_model(megatron_path, wrap_with_ddp=False)
+    bridge.save_hf_pretrained(model, hf_path, show_progress=False)
