@@ -119,3 +119,17 @@ def test_training_record_counts_a_resumed_iteration_once(tmp_path):
     record = report.training_record(str(tmp_path))
     assert record["final_train_ce"] == pytest.approx((2.0 + 1.5 + 0.5) / 3)
     assert record["seconds_per_iteration"] == pytest.approx((40.0 + 20.0) / 2)
+
+
+def test_two_sweeps_share_runs_by_claims(tmp_path):
+    from del_megatron.qa.finetune import Schedule
+    from del_megatron.qa.sweep import CLAIM, Sweep
+
+    sweep = Sweep(str(tmp_path), "model", "train", "test", Schedule(1, 1, 1, 1e-5, 0, 8), 1, 1)
+    folder = str(tmp_path / "seed-1" / "ce")
+    assert sweep._claim(folder)
+    assert not sweep._claim(folder)  # held by a live process (this one)
+    (tmp_path / "seed-1" / "ce" / CLAIM).write_text("999999999")  # a sweep that stopped
+    assert sweep._claim(folder)
+    sweep._release(folder)
+    assert not (tmp_path / "seed-1" / "ce" / CLAIM).exists()

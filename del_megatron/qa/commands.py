@@ -38,7 +38,8 @@ def _score_qa(args) -> int:
 
 def _compare_qa(args) -> int:
     from . import report
-    from .sweep import Schedule, Sweep
+    from .finetune import Schedule
+    from .sweep import Sweep
 
     schedule = Schedule(
         iters=args.iters,
@@ -47,12 +48,20 @@ def _compare_qa(args) -> int:
         lr=args.lr,
         warmup=args.warmup,
         seq_length=args.seq_length,
-        scored=args.problems,
-        greedy=args.greedy,
-        nproc=args.nproc,
+        tensor_parallel=args.nproc,
     )
     keys = (args.question_key, args.answer_key)
-    sweep = Sweep(args.out, args.hf_model, args.train, args.test, schedule, args.threads, keys)
+    sweep = Sweep(
+        args.out,
+        args.hf_model,
+        args.train,
+        args.test,
+        schedule,
+        args.problems,
+        args.greedy,
+        args.threads,
+        keys,
+    )
     results = sweep.all(args.losses, args.seeds)
     print(report.write(args.out, results, args.seeds))
     return 0

@@ -18,9 +18,24 @@ HISTORY, TRAINED = "history.jsonl", "trained.json"
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """What every run of a sweep trains with: `iters` iterations of `global_batch` problems in
+    micro-batches of `micro_batch`, peak `lr` after `warmup` iterations and a cosine to 0,
+    sequences of `seq_length` tokens, `tensor_parallel` processes."""
+
+    iters: int
+    global_batch: int
+    micro_batch: int
+    lr: float
+    warmup: int
+    seq_length: int
+    tensor_parallel: int = 1
+
+
+@dataclass(frozen=True)
 class RunSettings:
-    """One run: the model (`hf_model`, its converted weights `init`), the data folder, the loss
-    and its weight, and the schedule (seq_length tokens, batches in problems, lr peak)."""
+    """One run: the model (`hf_model`, its converted weights `init`), the data folder, where it
+    saves, the loss and its weight, the seed and the schedule."""
 
     hf_model: str
     init: str
@@ -29,13 +44,7 @@ class RunSettings:
     loss: str
     alpha: float
     seed: int
-    iters: int
-    global_batch: int
-    micro_batch: int
-    lr: float
-    warmup: int
-    seq_length: int
-    tensor_parallel: int = 1
+    schedule: Schedule
 
 
 def build_config(run: RunSettings):
@@ -48,10 +57,10 @@ def build_config(run: RunSettings):
 
     cfg = _sft_common()
     cfg.model = AutoBridge.from_hf_pretrained(run.hf_model).to_megatron_provider(load_weights=False)
-    cfg.model.seq_length = run.seq_length
-    cfg.model.tensor_model_parallel_size = run.tensor_parallel
+    cfg.model.seq_length = run.schedule.seq_length
+    cfg.model.tensor_model_parallel_size = run.schedule.tensor_parallel
     cfg.dataset = GPTSFTDatasetConfig(
-        seq_length=run.seq_length,
+        seq_length=run.schedule.seq_length,
         dataset_root=run.data_root,
         seed=run.seed,
         do_validation=False,
@@ -59,17 +68,17 @@ def build_config(run: RunSettings):
         dataset_kwargs={"pad_to_max_length": False},
     )
     cfg.tokenizer.tokenizer_model = run.hf_model
-    cfg.train.train_iters = run.iters
-    cfg.train.global_batch_size = run.global_batch
-    cfg.train.micro_batch_size = run.micro_batch
+    cfg.train.train_iters = run.schedule.iters
+    cfg.train.global_batch_size = run.schedule.global_batch
+    cfg.train.micro_batch_size = run.schedule.micro_batch
     cfg.validation.eval_iters = 0
-    cfg.optimizer.lr = run.lr
+    cfg.optimizer.lr = run.schedule.lr
     cfg.optimizer.min_lr = 0.0
-    cfg.scheduler.lr_warmup_iters = run.warmup
-    cfg.scheduler.lr_decay_iters = run.iters
+    cfg.scheduler.lr_warmup_iters = run.schedule.warmup
+    cfg.scheduler.lr_decay_iters = run.schedule.iters
     cfg.checkpoint.save = cfg.checkpoint.load = run.save
     cfg.checkpoint.pretrained_checkpoint = run.init
-    cfg.checkpoint.save_interval = max(run.iters // 4, 1)
+    cfg.checkpoint.save_interval = max(run.schedule.iters // 4, 1)
     cfg.checkpoint.most_recent_k = 1
     cfg.rng.seed = run.seed
     cfg.logger.log_interval = 1
@@ -124,4 +133,5 @@ def train(run: RunSettings) -> None:
 
 
 if __name__ == "__main__":
-    train(RunSettings(**json.loads(sys.argv[1])))
+    given = json.loads(sys.argv[1])
+    train(RunSettings(**{**given, "schedule": Schedule(**given["schedule"])}))

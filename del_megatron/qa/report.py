@@ -4,10 +4,10 @@ against ce [95% interval]; the base model's row as scored; the raw per-seed valu
 from __future__ import annotations
 
 import json
-import math
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
+from ..demo.compare import _cell, _difference_cell
 from ..demo.stats import mean_interval, paired_difference
 from .finetune import HISTORY
 
@@ -70,37 +70,14 @@ def summarize(results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> Dict
     return summary
 
 
-def _cell(row: Optional[dict], fmt: str) -> str:
-    if row is None:
-        return "-"
-    text = fmt.format(row["mean"])
-    if row["n"] >= 2:
-        text += f" [{fmt.format(row['low'])}, {fmt.format(row['high'])}]"
-    return text
-
-
-def _difference(row: Optional[dict], fmt: str, higher: Optional[bool]) -> str:
-    diff = (row or {}).get("difference")
-    if diff is None:
-        return "-"
-    signed = "{:+" + fmt[2:]
-    text = signed.format(diff["mean"])
-    if diff["n"] >= 2 and not math.isnan(diff["low"]):
-        text += f" [{signed.format(diff['low'])}, {signed.format(diff['high'])}]"
-        if diff["low"] > 0 or diff["high"] < 0:
-            if higher is None:
-                text += " higher" if diff["low"] > 0 else " lower"
-            else:
-                text += " better" if (diff["low"] > 0) == higher else " worse"
-    return text
-
-
 def table(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) -> str:
     """Markdown: a row per arm (the base model first), mean [95% interval] per metric."""
     header = ["model"] + [title for _, title, *_ in metrics]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm, rows in summary.items():
-        cells = [arm] + [_cell(rows.get(key), fmt) for key, _, fmt, _ in metrics]
+        cells = [arm] + [
+            _cell(rows[key], fmt) if key in rows else "-" for key, _, fmt, _ in metrics
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -112,7 +89,9 @@ def differences(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) ->
     for arm, rows in summary.items():
         if arm in (BASE, BASELINE):
             continue
-        cells = [arm] + [_difference(rows.get(k), fmt, hi) for k, _, fmt, hi in metrics]
+        cells = [arm] + [
+            _difference_cell(rows[k], fmt, hi) if k in rows else "-" for k, _, fmt, hi in metrics
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

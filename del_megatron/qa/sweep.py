@@ -14,33 +14,15 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..demo.compare import Arm
 from .data import fitting, read_problems, write_finetuning_root
-from .finetune import TRAINED, RunSettings
+from .finetune import TRAINED, RunSettings, Schedule
 from .report import training_record
 
 SCORE, SETTINGS, CLAIM = "score.json", "settings.json", ".claimed"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """What every run shares: the schedule (iterations of global_batch problems, micro_batch a
-    micro-batch, peak lr after warmup iterations, cosine to 0, seq_length tokens) and the
-    scoring (the first `scored` held-out problems teacher-forced, the first `greedy` of them
-    decoded)."""
-
-    iters: int
-    global_batch: int
-    micro_batch: int
-    lr: float
-    warmup: int
-    seq_length: int
-    scored: int
-    greedy: int
-    nproc: int = 1
 
 
 def _python(*args: str) -> List[str]:
@@ -55,6 +37,8 @@ class Sweep:
         train_file: str,
         test_file: str,
         schedule: Schedule,
+        scored: int,
+        greedy: int,
         threads: int = 0,
         keys: Sequence[str] = ("question", "answer"),
         log: Callable[[str], None] = print,
@@ -62,6 +46,7 @@ class Sweep:
         self.out, self.hf_model = os.path.abspath(out), os.path.abspath(hf_model)
         self.train_file, self.test_file = train_file, test_file
         self.schedule, self.log, self.keys = schedule, log, tuple(keys)
+        self.scored, self.greedy = scored, greedy
         self.env = dict(os.environ)
         if threads:
             self.env["OMP_NUM_THREADS"] = str(threads)
@@ -83,8 +68,10 @@ class Sweep:
             "train": os.path.abspath(self.train_file),
             "test": os.path.abspath(self.test_file),
             **asdict(self.schedule),
+            "scored": self.scored,
+            "greedy": self.greedy,
         }
-        wanted.pop("nproc")
+        wanted.pop("tensor_parallel")
         path = os.path.join(self.out, SETTINGS)
         if os.path.exists(path):
             with open(path) as f:
@@ -120,10 +107,9 @@ class Sweep:
     def score(self, hf_model: str, folder: str) -> dict:
         path = os.path.join(folder, SCORE)
         if not os.path.exists(path):
-            s = self.schedule
             command = _python("-m", "del_megatron.cli", "score-qa", "--hf-model", hf_model)
-            command += ["--data", self.test_file, "--problems", str(s.scored)]
-            command += ["--greedy", str(s.greedy), "--out", path]
+            command += ["--data", self.test_file, "--problems", str(self.scored)]
+            command += ["--greedy", str(self.greedy), "--out", path]
             command += ["--question-key", self.keys[0], "--answer-key", self.keys[1]]
             self._run(command, os.path.join(folder, "score.log"))
         with open(path) as f:
@@ -147,24 +133,17 @@ class Sweep:
         save = os.path.join(folder, "train")
         s = self.schedule
         if not os.path.exists(os.path.join(save, TRAINED)):
+            init, data = self.converted(), self.data_root(seed)
             settings = RunSettings(
-                hf_model=self.hf_model,
-                init=self.converted(),
-                data_root=self.data_root(seed),
-                save=save,
-                loss=arm.loss,
-                alpha=arm.weight,
-                seed=seed,
-                iters=s.iters,
-                global_batch=s.global_batch,
-                micro_batch=s.micro_batch,
-                lr=s.lr,
-                warmup=s.warmup,
-                seq_length=s.seq_length,
-                tensor_parallel=s.nproc,
+                self.hf_model, init, data, save, arm.loss, arm.weight, seed, schedule=s
             )
             command = _python("-m", "torch.distributed.run", "--standalone")
-            command += ["--nproc-per-node", str(s.nproc), "-m", "del_megatron.qa.finetune"]
+            command += [
+                "--nproc-per-node",
+                str(s.tensor_parallel),
+                "-m",
+                "del_megatron.qa.finetune",
+            ]
             command.append(json.dumps(asdict(settings)))
             self._run(command, os.path.join(folder, "train.log"))
         hf = os.path.join(folder, "hf")
