@@ -76,7 +76,7 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         "safetensors), which Megatron-Bridge imports. Quantized weights stay quantized "
         "weights, de-quantized: not the original model's.",
     )
-    gguf.add_argument("gguf", type=existing("GGUF file", want_file=True))
+    gguf.add_argument("gguf", type=existing("GGUF file", want_file=True), help="the .gguf file")
     gguf.add_argument("--out", required=True, help="the folder to write")
     gguf.set_defaults(func=_gguf_to_hf)
 
@@ -101,8 +101,10 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
                 type=existing("JSONL", want_file=True),
                 help="held-out problems, one JSON object a line",
             )
-        p.add_argument("--question-key", default="question")
-        p.add_argument("--answer-key", default="answer")
+        p.add_argument(
+            "--question-key", default="question", help="the question field (default question)"
+        )
+        p.add_argument("--answer-key", default="answer", help="the answer field (default answer)")
         p.add_argument(
             "--problems",
             type=positive,
@@ -120,7 +122,9 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         "score-qa",
         help="digit metrics and final-answer accuracy of a Hugging Face model on Q/A data",
     )
-    score.add_argument("--hf-model", required=True, type=existing("model", want_file=False))
+    score.add_argument(
+        "--hf-model", required=True, type=existing("model", want_file=False), help="HF model folder"
+    )
     qa_data(score, train=False)
     score.add_argument("--out", required=True, help="the JSON file to write")
     score.set_defaults(func=_score_qa)
@@ -131,10 +135,12 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         description="Per seed (the training data's order) and loss: Megatron-Bridge's "
         "finetune() from the model, loss on the answers only, exported to Hugging Face and "
         "scored on the held-out problems; the model as given is scored too (the base row). "
-        "Per metric the mean over seeds with a 95%% Student-t interval and the paired "
+        "Per metric the mean over seeds with a 95% Student-t interval and the paired "
         "difference against ce. A rerun resumes; two beside each other share the work.",
     )
-    compare.add_argument("--hf-model", required=True, type=existing("model", want_file=False))
+    compare.add_argument(
+        "--hf-model", required=True, type=existing("model", want_file=False), help="HF model folder"
+    )
     qa_data(compare, train=True)
     compare.add_argument("--out", default="runs/compare-qa", help="output folder")
     compare.add_argument(
@@ -145,10 +151,16 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         metavar="LOSS[@WEIGHT]",
         help=f"default {' '.join(DEFAULT_ARMS)}",
     )
-    compare.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
-    compare.add_argument("--iters", type=positive, default=32)
+    compare.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=list(DEFAULT_SEEDS),
+        help="seeds, each an order of the training problems (default 1 2 3)",
+    )
+    compare.add_argument("--iters", type=positive, default=32, help="iterations (default 32)")
     compare.add_argument("--global-batch", type=positive, default=8, help="problems a step")
-    compare.add_argument("--micro-batch", type=positive, default=4)
+    compare.add_argument("--micro-batch", type=positive, default=4, help="problems a micro-batch")
     compare.add_argument("--lr", type=float, default=2e-5, help="peak (cosine to 0)")
     compare.add_argument("--warmup", type=int, default=4, help="warmup iterations")
     compare.add_argument(
