@@ -26,7 +26,7 @@ if sys.version_info < (3, 12):
     collect_ignore.append("test_megatron_tokenizers.py")
 # Megatron-LM's own argument parser comes with megatron-core 0.19's wheel (megatron.training).
 if importlib.util.find_spec("megatron.training") is None:
-    collect_ignore.append("test_docs_megatron_flags.py")
+    collect_ignore += ["test_docs_megatron_flags.py", "test_model_examples.py"]
 # gpu_check.sh --cpu as a whole, where its integration stage runs (megatron-core >= 0.18, as in
 # the GPU image); without it the run's other stages are the code the Python 3.12 run tests.
 if tuple(int(part) for part in version("megatron-core").split(".")[:2]) < LOGITS_FREE_CORE:

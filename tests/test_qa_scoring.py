@@ -133,3 +133,16 @@ def test_two_sweeps_share_runs_by_claims(tmp_path):
     assert sweep._claim(folder)
     sweep._release(folder)
     assert not (tmp_path / "seed-1" / "ce" / CLAIM).exists()
+
+
+def test_accuracy_difference_with_problems_as_units():
+    def rows(*pairs):
+        return {"problems": [{"all_correct": c, "all_count": n} for c, n in pairs]}
+
+    results = {"ce": {1: rows((3, 4), (1, 2))}, "del": {1: rows((4, 4), (1, 2))}}
+    paired = report.problem_paired(results, "del", [1])
+    # per problem: differences 1 and 0 over 4 and 2 targets; the ratio estimator's residuals
+    # 1 - 4/6 and 0 - 2/6, so se = sqrt((1/9 + 1/9) / (2 x 1)) / 3 = 1/9
+    assert paired["mean"] == pytest.approx(1 / 6)
+    assert paired["se"] == pytest.approx(1 / 9)
+    assert paired["low"] == pytest.approx(1 / 6 - 1.96 / 9)

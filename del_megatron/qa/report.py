@@ -8,7 +8,7 @@ import os
 from typing import Dict, List, Sequence
 
 from ..demo.compare import _cell, _difference_cell
-from ..demo.stats import mean_interval, paired_difference
+from ..demo.stats import mean_interval, paired_difference, ratio_standard_error
 from .finetune import HISTORY
 
 BASELINE, BASE = "ce", "base"
@@ -23,6 +23,7 @@ METRICS = (
     ("calibration_error", "calibration error", "{:.4f}", False),
     ("final_answer_acc", "final answer", "{:.3f}", True),
 )
+CLASS_NAMES = ("all", "copied", "computed")
 TRAINING = (("final_train_ce", "train CE, last 5 iterations", "{:.4f}", False),)
 
 
@@ -70,6 +71,29 @@ def summarize(results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> Dict
     return summary
 
 
+def problem_paired(
+    results: Dict[str, Dict[int, dict]], arm: str, seeds: Sequence[int], name: str = "all"
+) -> Dict[str, float]:
+    """The difference in digit accuracy (of class `name`) between `arm` and ce with the test
+    problems as the units: per problem, both arms' correct digit targets summed over `seeds`
+    (the same problems, teacher-forced); mean, its standard error (ratio estimator) and the
+    normal 95% interval. This is the evaluation's sampling noise; the seeds' interval is the
+    training's."""
+    diffs: List[float] = []
+    counts: List[float] = []
+    for seed in seeds:
+        ours, theirs = results[arm][seed]["problems"], results[BASELINE][seed]["problems"]
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            if len(diffs) <= i:
+                diffs.append(0.0)
+                counts.append(0.0)
+            diffs[i] += a[f"{name}_correct"] - b[f"{name}_correct"]
+            counts[i] += a[f"{name}_count"]
+    mean = sum(diffs) / sum(counts)
+    se = ratio_standard_error(diffs, counts)
+    return {"mean": mean, "se": se, "low": mean - 1.96 * se, "high": mean + 1.96 * se}
+
+
 def table(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) -> str:
     """Markdown: a row per arm (the base model first), mean [95% interval] per metric."""
     header = ["model"] + [title for _, title, *_ in metrics]
@@ -96,6 +120,19 @@ def differences(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) ->
     return "\n".join(lines)
 
 
+def problems_table(over_problems: Dict[str, Dict[str, dict]]) -> str:
+    """Markdown: problem_paired's differences [95% interval] per arm and digit class."""
+    header = ["vs ce, problems as units"] + [f"digit acc {n}" for n in CLASS_NAMES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm, rows in over_problems.items():
+        cells = [
+            f"{rows[n]['mean']:+.4f} [{rows[n]['low']:+.4f}, {rows[n]['high']:+.4f}]"
+            for n in CLASS_NAMES
+        ]
+        lines.append("| " + " | ".join([arm] + cells) + " |")
+    return "\n".join(lines)
+
+
 def write(out: str, results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> str:
     """results.json (per seed, without per-problem rows), results.md and digit_shape.png under
     `out`; returns the Markdown."""
@@ -108,9 +145,21 @@ def write(out: str, results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -
         for arm, runs in results.items()
     }
     summary = summarize(results, seeds)
+    done = [s for s in seeds if all(s in results.get(a, {}) for a in results if a != BASE)]
+    over_problems = {
+        arm: {name: problem_paired(results, arm, done, name) for name in CLASS_NAMES}
+        for arm in results
+        if arm not in (BASE, BASELINE) and BASELINE in results and done
+    }
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"per_seed": raw, "summary": summary}, f, indent=1)
+        json.dump(
+            {"per_seed": raw, "summary": summary, "paired_over_problems": over_problems},
+            f,
+            indent=1,
+        )
     text = table(summary, METRICS + TRAINING) + "\n\n" + differences(summary, METRICS + TRAINING)
+    if over_problems:
+        text += "\n\n" + problems_table(over_problems)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(text + "\n")
     shapes: Dict[str, List[dict]] = {arm: list(runs.values()) for arm, runs in results.items()}

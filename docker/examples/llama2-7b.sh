@@ -9,6 +9,7 @@ run_pretrain "${1:?launcher}" \
   --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1 --sequence-parallel \
   --num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 \
   --seq-length 4096 --max-position-embeddings 4096 \
-  --position-embedding-type rope --normalization RMSNorm --swiglu \
+  --position-embedding-type rope --rotary-base 10000 --normalization RMSNorm --norm-epsilon 1e-5 \
+  --swiglu \
   --untie-embeddings-and-output-weights --disable-bias-linear \
   --tokenizer-type Llama2Tokenizer --tokenizer-model "${TOKENIZER_MODEL:?Llama-2 tokenizer.model}"

@@ -9,6 +9,7 @@ run_pretrain "${1:?launcher}" \
   --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \
   --group-query-attention --num-query-groups 8 \
   --seq-length 4096 --max-position-embeddings 32768 \
-  --position-embedding-type rope --rotary-base 10000 --normalization RMSNorm --swiglu \
+  --position-embedding-type rope --rotary-base 10000 --normalization RMSNorm --norm-epsilon 1e-5 \
+  --swiglu \
   --untie-embeddings-and-output-weights --disable-bias-linear \
   --tokenizer-type SentencePieceTokenizer --tokenizer-model "${TOKENIZER_MODEL:?tokenizer.model.v1}"

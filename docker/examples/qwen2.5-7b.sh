@@ -10,6 +10,7 @@ DEL_ALPHA=${DEL_ALPHA:-1.28} run_pretrain "${1:?launcher}" \
   --num-layers 28 --hidden-size 3584 --ffn-hidden-size 18944 --num-attention-heads 28 \
   --group-query-attention --num-query-groups 4 --add-qkv-bias \
   --seq-length 4096 --max-position-embeddings 32768 \
-  --position-embedding-type rope --rotary-base 1000000 --normalization RMSNorm --swiglu \
+  --position-embedding-type rope --rotary-base 1000000 --normalization RMSNorm --norm-epsilon 1e-6 \
+  --swiglu \
   --untie-embeddings-and-output-weights --disable-bias-linear \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "${TOKENIZER_MODEL:?Qwen2.5 tokenizer dir}"
