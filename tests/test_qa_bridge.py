@@ -119,7 +119,8 @@ def test_scores_count_every_answer_digit_and_match_an_unbatched_recomputation(sw
     model = AutoModelForCausalLM.from_pretrained(hf).eval()
     tokenizer = AutoTokenizer.from_pretrained(hf)
     digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
-    correct = total = 0
+    correct = total = not_digit = 0
+    mass = 0.0
     for p in problems:
         ids = tokenizer(p.text, add_special_tokens=False)["input_ids"]
         start = len(tokenizer(p.prompt + SEPARATOR, add_special_tokens=False)["input_ids"])
@@ -129,8 +130,12 @@ def test_scores_count_every_answer_digit_and_match_an_unbatched_recomputation(sw
             if ids[t] in digits:
                 total += 1
                 correct += int(logits[t - 1].argmax()) == ids[t]
+                not_digit += int(logits[t - 1].argmax()) not in digits
+                mass += float(torch.softmax(logits[t - 1].double(), -1)[digits].sum())
     assert total == 36
     assert run["digit_acc_all"] == pytest.approx(correct / total)
+    assert run["top_not_digit"] == pytest.approx(not_digit / total)
+    assert run["digit_mass"] == pytest.approx(mass / total, rel=1e-5)
     assert run["final_answer_n"] == 2
     text = open(os.path.join(swept["out"], "results.md")).read()
     assert "| base |" in text and f"| del@{ALPHA:g} |" in text

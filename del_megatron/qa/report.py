@@ -17,6 +17,8 @@ METRICS = (
     ("digit_acc_all", "digit acc", "{:.4f}", True),
     ("digit_acc_copied", "copied", "{:.4f}", True),
     ("digit_acc_computed", "computed", "{:.4f}", True),
+    ("top_not_digit", "top token no digit", "{:.4f}", False),
+    ("digit_mass", "p(any digit)", "{:.4f}", True),
     ("digit_entropy", "entropy (nats)", "{:.3f}", None),
     ("target_probability", "p(target)", "{:.4f}", True),
     ("expected_distance", "E distance", "{:.3f}", False),

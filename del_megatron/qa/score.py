@@ -2,8 +2,9 @@
 
 - teacher-forced, at every digit target of the answers: accuracy (the model's top token over
   the whole vocabulary is the target digit), by class (answers.digit_classes: copied from the
-  question, computed, other), and the shape of the distribution over the ten digits
-  (demo.digit_shape: entropy, p(target), expected distance, calibration error);
+  question, computed, other), the share whose top token is no digit at all and the mean
+  probability of the ten digits together (digit_mass), and the shape of the distribution over
+  the ten digits (demo.digit_shape: entropy, p(target), expected distance, calibration error);
 - greedy decoding from the prompt: the final answer (`#### N`) exact-match accuracy.
 """
 
@@ -69,31 +70,28 @@ def teacher_forced(model, tokenizer, problems: Sequence[Problem], batch: int = 8
         logits = model(input_ids=tokens, attention_mask=mask).logits.float()
         for i, (_, targets) in enumerate(encoded):
             row = {f"{c}_{k}": 0.0 for c in ("all",) + CLASSES for k in ("count", "correct")}
-            if targets:
-                position = torch.tensor([t[0] for t in targets])
-                digit = torch.tensor([t[1] for t in targets])
-                at = logits[i, position]  # [N, V]
-                correct = at.argmax(-1) == digit_ids[digit]
-                for (_, _, cls), ok in zip(targets, correct.tolist(), strict=True):
-                    for name in ("all", cls):
-                        row[f"{name}_count"] += 1
-                        row[f"{name}_correct"] += float(ok)
-                log_probs = torch.log_softmax(at[:, digit_ids].double(), -1)
-                shape = problem_rows(sums(log_probs, digit, torch.zeros_like(digit), 1))[0]
-            else:
-                shape = problem_rows(
-                    sums(
-                        torch.zeros(0, 10),
-                        torch.zeros(0, dtype=torch.long),
-                        torch.zeros(0, dtype=torch.long),
-                        1,
-                    )
-                )[0]
+            position = torch.tensor([t[0] for t in targets], dtype=torch.long)
+            digit = torch.tensor([t[1] for t in targets], dtype=torch.long)
+            at = logits[i, position]  # [N, V]
+            top = at.argmax(-1)
+            correct = top == digit_ids[digit]
+            row["top_not_digit"] = float((~torch.isin(top, digit_ids)).sum())
+            in_digits = at[:, digit_ids].double().logsumexp(-1) - at.double().logsumexp(-1)
+            row["digit_mass"] = float(in_digits.exp().sum())
+            for (_, _, cls), ok in zip(targets, correct.tolist(), strict=True):
+                for name in ("all", cls):
+                    row[f"{name}_count"] += 1
+                    row[f"{name}_correct"] += float(ok)
+            log_probs = torch.log_softmax(at[:, digit_ids].double(), -1)
+            shape = problem_rows(sums(log_probs, digit, torch.zeros_like(digit), 1))[0]
             rows.append({**row, **shape})
     out = {f"digit_acc_{c}": _ratio(rows, c) for c in ("all",) + CLASSES}
     out.update(
         {f"digit_targets_{c}": sum(r[f"{c}_count"] for r in rows) for c in ("all",) + CLASSES}
     )
+    count = max(sum(r["all_count"] for r in rows), 1.0)
+    out["top_not_digit"] = sum(r["top_not_digit"] for r in rows) / count
+    out["digit_mass"] = sum(r["digit_mass"] for r in rows) / count
     shape = summarize(rows)
     for key in ("digit_entropy", "target_probability", "expected_distance", "calibration_error"):
         out[key] = shape[key]
