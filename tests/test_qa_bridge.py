@@ -97,6 +97,7 @@ def test_trained_with_del_in_bridges_finetune(swept):
         assert row["del weight"] == pytest.approx(ALPHA)
         assert row["del term"] > 0 and row["digit tokens"] > 0
         assert row["lm loss"] > row["ce loss"]  # the term is in the loss trained
+        assert 0.1 < row["peak_gib"] < 64 and row["seconds"] > 0
     assert "held by another sweep" not in swept["first"].stdout
     assert swept["again"].stdout.count("[") >= 2 and "converting" not in swept["again"].stdout
 

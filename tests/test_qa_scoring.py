@@ -110,15 +110,16 @@ def test_paired_differences_against_ce():
 
 def test_training_record_counts_a_resumed_iteration_once(tmp_path):
     rows = [
-        {"iteration": 1, "ce loss": 2.0, "seconds": 30.0},
-        {"iteration": 2, "ce loss": 1.0, "seconds": 10.0},
-        {"iteration": 2, "ce loss": 1.5, "seconds": 40.0},  # logged again after a resume
-        {"iteration": 3, "ce loss": 0.5, "seconds": 20.0},
+        {"iteration": 1, "ce loss": 2.0, "seconds": 30.0, "peak_gib": 3.0},
+        {"iteration": 2, "ce loss": 1.0, "seconds": 10.0, "peak_gib": 5.0},
+        {"iteration": 2, "ce loss": 1.5, "seconds": 40.0, "peak_gib": 2.0},  # after a resume
+        {"iteration": 3, "ce loss": 0.5, "seconds": 20.0, "peak_gib": 2.5},
     ]
     (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     record = report.training_record(str(tmp_path))
     assert record["final_train_ce"] == pytest.approx((2.0 + 1.5 + 0.5) / 3)
     assert record["seconds_per_iteration"] == pytest.approx((40.0 + 20.0) / 2)
+    assert record["peak_gib"] == 3.0  # the iterations kept: 1, the resumed 2, 3
 
 
 def test_two_sweeps_share_runs_by_claims(tmp_path):

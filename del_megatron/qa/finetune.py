@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -94,7 +95,8 @@ def _history_callback(path: str):
     from megatron.bridge.training.callbacks import Callback
 
     class History(Callback):
-        """Rank 0 appends each iteration's reduced values and wall time to `path`."""
+        """Rank 0 appends each iteration's reduced values, wall time (s) and the process's peak
+        resident memory so far (GiB) to `path`."""
 
         last = time.time()
 
@@ -103,7 +105,10 @@ def _history_callback(path: str):
                 return
             now = time.time()
             row = {k: float(v) for k, v in (context.loss_dict or {}).items()}
-            row.update(iteration=context.state.train_state.step, seconds=now - self.last)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+            row.update(
+                iteration=context.state.train_state.step, seconds=now - self.last, peak_gib=peak
+            )
             self.last = now
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -26,12 +26,17 @@ METRICS = (
     ("final_answer_acc", "final answer", "{:.3f}", True),
 )
 CLASS_NAMES = ("all", "copied", "computed")
-TRAINING = (("final_train_ce", "train CE, last 5 iterations", "{:.4f}", False),)
+TRAINING = (
+    ("final_train_ce", "train CE, last 5 iterations", "{:.4f}", False),
+    ("seconds_per_iteration", "s / iteration", "{:.1f}", None),
+    ("peak_gib", "peak memory (GiB)", "{:.2f}", None),
+)
 
 
 def training_record(train_dir: str) -> Dict[str, float]:
-    """The run's final training CE (mean 'ce loss', else 'lm loss', of its last 5 iterations)
-    and its mean seconds an iteration (the first, with start-up, left out)."""
+    """The run's final training CE (mean 'ce loss', else 'lm loss', of its last 5 iterations),
+    its mean seconds an iteration (the first, with start-up, left out) and, where logged, its
+    peak resident memory (GiB, rank 0)."""
     rows: Dict[int, dict] = {}
     path = os.path.join(train_dir, HISTORY)
     if os.path.exists(path):
@@ -47,6 +52,8 @@ def training_record(train_dir: str) -> Dict[str, float]:
         out["final_train_ce"] = sum(last) / len(last)
         timed = [r["seconds"] for r in ordered[1:]] or [ordered[0]["seconds"]]
         out["seconds_per_iteration"] = sum(timed) / len(timed)
+        if all("peak_gib" in r for r in ordered):
+            out["peak_gib"] = max(r["peak_gib"] for r in ordered)
     return out
 
 
