@@ -147,3 +147,18 @@ def test_accuracy_difference_with_problems_as_units():
     assert paired["mean"] == pytest.approx(1 / 6)
     assert paired["se"] == pytest.approx(1 / 9)
     assert paired["low"] == pytest.approx(1 / 6 - 1.96 / 9)
+
+
+def test_a_failed_stage_names_its_log(tmp_path):
+    import sys
+
+    from del_megatron.qa.finetune import Schedule
+    from del_megatron.qa.sweep import Sweep
+
+    sweep = Sweep(str(tmp_path), "model", "train", "test", Schedule(1, 1, 1, 1e-5, 0, 8), 1, 1)
+    log = tmp_path / "seed-1" / "del" / "train.log"
+    log.parent.mkdir(parents=True)
+    command = [sys.executable, "-c", "print('the worker says why'); raise SystemExit(3)"]
+    with pytest.raises(RuntimeError, match=r"^train in .*seed-1/del failed \(exit 3\): see .*"):
+        sweep._run(command, str(log))
+    assert "the worker says why" in log.read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Callable
 
 # The schedule of docs/results.md's SmolLM2-135M / GSM8K comparison (chosen before any run).
@@ -62,7 +63,11 @@ def _compare_qa(args) -> int:
         args.threads,
         keys,
     )
-    results = sweep.all(args.losses, args.seeds)
+    try:
+        results = sweep.all(args.losses, args.seeds)
+    except RuntimeError as failed:  # a stage's own log has the details
+        print(f"del-megatron compare-qa: {failed}", file=sys.stderr)
+        return 1
     print(report.write(args.out, results, args.seeds))
     return 0
 

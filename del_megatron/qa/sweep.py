@@ -30,6 +30,11 @@ def _python(*args: str) -> List[str]:
 
 
 class Sweep:
+    """One compare-qa folder `out`: the model, the training and held-out JSONL files, the
+    Schedule every run trains with, the held-out problems scored (`scored` teacher-forced, the
+    first `greedy` decoded), torch `threads` a process (0: torch's choice) and the JSONL's
+    question and answer `keys`."""
+
     def __init__(
         self,
         out: str,
@@ -56,9 +61,11 @@ class Sweep:
         with open(log_path, "a") as log:
             code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         if code != 0:
+            killed = " (killed: out of memory?)" if code in (-9, 137) else ""
             raise RuntimeError(
-                f"{' '.join(command[:6])} ... failed (exit {code}): see {log_path}; rerun the "
-                "same command to continue the sweep"
+                f"{os.path.basename(log_path).split('.')[0]} in {os.path.dirname(log_path)} "
+                f"failed (exit {code}{killed}): see {log_path}; rerun the same command to "
+                "continue the sweep"
             )
 
     def check_settings(self) -> None:
