@@ -142,7 +142,12 @@ def problems_table(over_problems: Dict[str, Dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def write(out: str, results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> str:
+def write(
+    out: str,
+    results: Dict[str, Dict[int, dict]],
+    seeds: Sequence[int],
+    title: str = "held-out digit targets, teacher-forced",
+) -> str:
     """results.json (per seed, without per-problem rows), results.md and digit_shape.png under
     `out`; returns the Markdown."""
     from ..demo.report import plot_shape
@@ -172,5 +177,5 @@ def write(out: str, results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(text + "\n")
     shapes: Dict[str, List[dict]] = {arm: list(runs.values()) for arm, runs in results.items()}
-    plot_shape(os.path.join(out, "digit_shape.png"), shapes, "held-out digit targets")
+    plot_shape(os.path.join(out, "digit_shape.png"), shapes, title)
     return text
