@@ -76,13 +76,14 @@ def teacher_forced(model, tokenizer, problems: Sequence[Problem], batch: int = 8
             top = at.argmax(-1)
             correct = top == digit_ids[digit]
             row["top_not_digit"] = float((~torch.isin(top, digit_ids)).sum())
-            in_digits = at[:, digit_ids].double().logsumexp(-1) - at.double().logsumexp(-1)
+            digit_logits = at[:, digit_ids].double()  # [N, 10]
+            in_digits = digit_logits.logsumexp(-1) - at.double().logsumexp(-1)
             row["digit_mass"] = float(in_digits.exp().sum())
             for (_, _, cls), ok in zip(targets, correct.tolist(), strict=True):
                 for name in ("all", cls):
                     row[f"{name}_count"] += 1
                     row[f"{name}_correct"] += float(ok)
-            log_probs = torch.log_softmax(at[:, digit_ids].double(), -1)
+            log_probs = torch.log_softmax(digit_logits, -1)
             shape = problem_rows(sums(log_probs, digit, torch.zeros_like(digit), 1))[0]
             rows.append({**row, **shape})
     out = {f"digit_acc_{c}": _ratio(rows, c) for c in ("all",) + CLASSES}
@@ -141,12 +142,9 @@ def greedy(model, tokenizer, problems: Sequence[Problem], batch: int = 16) -> di
     }
 
 
-def score(
-    hf_model: str, problems: Sequence[Problem], greedy_problems: int, threads: int = 0
-) -> dict:
-    """teacher_forced over `problems` and greedy over the first `greedy_problems` of them."""
-    if threads:
-        torch.set_num_threads(threads)
+def score(hf_model: str, problems: Sequence[Problem], greedy_problems: int) -> dict:
+    """teacher_forced over `problems` and greedy over the first `greedy_problems` of them (the
+    threads: torch's choice, or OMP_NUM_THREADS, which compare-qa's --threads sets)."""
     model, tokenizer = load(hf_model)
     out = teacher_forced(model, tokenizer, problems)
     out.update(greedy(model, tokenizer, problems[:greedy_problems]))
