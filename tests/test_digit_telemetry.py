@@ -53,6 +53,44 @@ def test_digit_entropy_is_the_mean_entropy_of_the_ten_digit_logits_over_digit_ta
     assert report["digit entropy"][1].item() == report["digit acc"][1].item() == 3.0
     assert report["digit entropy"][0].item() == pytest.approx(want, rel=1e-6)
     assert list(report).index("digit entropy") == list(report).index("digit acc") + 1
+    # p(target) and the expected distance under the same softmax, in fp64 by hand
+    probs = [softmax64(z) for z in rows]
+    targets = (4, 7, 2)
+    want_p = sum(p[t] for p, t in zip(probs, targets, strict=True))
+    want_d = sum(
+        sum(p[d] * abs(d - t) for d in range(10)) for p, t in zip(probs, targets, strict=True)
+    )
+    assert probs[1][7] == pytest.approx(0.1) and sum(abs(d - 7) for d in range(10)) / 10 == 3.1
+    assert report["digit target prob"].tolist() == pytest.approx([want_p, 3.0], rel=1e-6)
+    assert report["digit distance"].tolist() == pytest.approx([want_d, 3.0], rel=1e-6)
+
+
+def softmax64(z) -> list:
+    top = max(z)
+    weights = [math.exp(v - top) for v in z]
+    return [w / sum(weights) for w in weights]
+
+
+def test_the_control_arm_reports_the_same_entries_but_the_term_and_evaluation_no_step_ones():
+    """loss "ce" (an A/B's control arm): every entry a DEL report has but `del term` and
+    `del weight`, with the same values where they share a name; under no_grad (evaluation)
+    neither report has `digit tokens` or the weight."""
+    labels = torch.tensor([[4, 7, 12, 2, 9]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    logits = torch.randn(5, 1, 16, generator=torch.Generator().manual_seed(3))
+    reports = {}
+    for loss in ("ce", "del"):
+        cfg = dm.NumericalLossConfig(loss=loss, alpha=0.1, vocab=VOCAB)
+        reports[loss] = report_for(mask, loss_parts(labels, logits, cfg), cfg)
+    ce, numerical = reports["ce"], reports["del"]
+    assert set(numerical) - set(ce) == {"del term", "del weight"}
+    for key in set(ce) - {"lm loss"}:
+        assert ce[key].tolist() == numerical[key].tolist(), key
+    assert ce["lm loss"][0].item() == pytest.approx(ce["ce loss"][0].item())
+    with torch.no_grad():
+        cfg = dm.NumericalLossConfig(loss="del", alpha=0.1, vocab=VOCAB)
+        evaluated = report_for(mask, loss_parts(labels, logits, cfg), cfg)
+    assert set(numerical) - set(evaluated) == {"del weight", "digit tokens"}
 
 
 def test_chunked_digit_entropy_counts_held_slots_only():

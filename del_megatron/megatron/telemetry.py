@@ -15,7 +15,7 @@ whose interval mean is exactly 0; there, an exact 0 shows as ZERO_SHOWN_AS.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict
+from typing import Callable, Dict, NamedTuple
 
 import torch
 
@@ -46,11 +46,23 @@ def _pair(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return torch.stack([total.detach().float() + _zero_floor() * count, count])
 
 
-def digit_stats(mask: torch.Tensor, parts: LossParts) -> tuple:
-    """(n_digits, correct, entropy) [] float32, summed over the digit targets under `mask`
-    [b, s] (float): one per digit target, a chunking vocab's held [b, s, 3] slots, else [b, s].
-    correct counts the targets whose digit is the argmax of the ten digit logits; entropy sums,
-    in nats, the entropy of the softmax over them (the logits DEL uses, slot logits included).
+class DigitStats(NamedTuple):
+    """Sums over the digit targets of a micro-batch ([] float32 each, on the device)."""
+
+    n_digits: torch.Tensor  # digit targets
+    correct: torch.Tensor  # those whose digit is the argmax of the ten digit logits
+    entropy: torch.Tensor  # nats: entropy of the softmax over the ten digit logits
+    target_prob: torch.Tensor  # that softmax's probability of the target digit
+    distance: torch.Tensor  # its expected |digit - target digit|
+
+
+_DIGITS = torch.arange(10)
+
+
+def digit_stats(mask: torch.Tensor, parts: LossParts) -> DigitStats:
+    """DigitStats summed over the digit targets under `mask` [b, s] (float): one per digit
+    target, a chunking vocab's held [b, s, 3] slots, else [b, s]. Every statistic reads the
+    softmax over the ten digit logits DEL uses (slot logits included), whatever the loss.
     Tensors only: nothing is read on the host."""
     digit, logits = parts.digit, parts.digit_logits.detach()
     if digit.dim() == mask.dim():
@@ -58,40 +70,65 @@ def digit_stats(mask: torch.Tensor, parts: LossParts) -> tuple:
     held = held_slots(parts.digit_count, digit.size(-1)) & (mask.unsqueeze(-1) != 0)
     # Slots that hold no target digit may hold inf (slot logits): they never reach a sum.
     logits = torch.where(held.unsqueeze(-1), logits.float(), 0.0)
-    entropy = torch.special.entr(torch.softmax(logits, dim=-1)).sum(dim=-1)  # -sum p ln p
+    probs = torch.softmax(logits, dim=-1)
+    entropy = torch.special.entr(probs).sum(dim=-1)  # -sum p ln p
     correct = logits.argmax(dim=-1) == digit
+    target = digit.clamp(0, 9).unsqueeze(-1)
+    target_prob = probs.gather(-1, target).squeeze(-1)
+    distance = (probs * (_DIGITS.to(probs.device) - target).abs()).sum(dim=-1)
     digit_mask = held.float() * mask.unsqueeze(-1)
-    return digit_mask.sum(), (correct * digit_mask).sum(), (entropy * digit_mask).sum()
+    return DigitStats(
+        digit_mask.sum(),
+        (correct * digit_mask).sum(),
+        (entropy * digit_mask).sum(),
+        (target_prob * digit_mask).sum(),
+        (distance * digit_mask).sum(),
+    )
 
 
-def mtp_entries(depth: int, mask: torch.Tensor, parts: LossParts) -> Dict[str, torch.Tensor]:
+def mtp_entries(
+    depth: int, mask: torch.Tensor, parts: LossParts, cp_size: int = 1
+) -> Dict[str, torch.Tensor]:
     """The report entries of MTP head `depth` (1-based, as Megatron-LM's `mtp_1 loss`): its
     digit accuracy and entropy over its digit targets under `mask` [b, s], the loss mask
     Megatron rolls for that depth."""
-    n_digits, correct, entropy = digit_stats(mask.reshape(parts.ce.shape).float(), parts)
-    return {
-        f"mtp_{depth} digit acc": _pair(correct, n_digits),
-        f"mtp_{depth} digit entropy": _pair(entropy, n_digits),
+    stats = digit_stats(mask.reshape(parts.ce.shape).float(), parts)
+    entries = {
+        f"mtp_{depth} digit acc": _pair(stats.correct, stats.n_digits),
+        f"mtp_{depth} digit entropy": _pair(stats.entropy, stats.n_digits),
     }
+    if torch.is_grad_enabled():  # training: the console's interval means weigh by it
+        entries[f"mtp_{depth} digit tokens"] = _pair(
+            stats.n_digits, torch.full_like(stats.n_digits, 1.0 / cp_size)
+        )
+    return entries
 
 
 def report_entries(loss_mask: torch.Tensor, rec: Record) -> dict:
     """Telemetry as Megatron-LM `[sum, count]` report entries (float32 [2] each), the forward's
-    MTP heads' entries last. `digit tokens` counts 1 / cp_size a rank, so that its sum over the
-    context-parallel ranks of a micro-batch (Megatron-LM sums over DP x CP) is one micro-batch."""
+    MTP heads' entries last; the same names under every loss, "ce" (the A/B's control arm)
+    included, which has no term and no weight to report. `digit tokens` counts 1 / cp_size a
+    rank, so that its sum over the context-parallel ranks of a micro-batch (Megatron-LM sums
+    over DP x CP) is one micro-batch. Evaluation (no grad) reports neither `digit tokens` nor
+    the weight: a validation pass has no step and no weight (and Megatron-LM would print their
+    exp() as a PPL)."""
     mask = loss_mask.reshape(rec.output.shape).float()
-    n_digits, correct, entropy = digit_stats(mask, rec.parts)
-    n_tokens = mask.sum()
-    return {
-        "ce loss": _pair((rec.parts.ce.float() * mask).sum(), n_tokens),
-        f"{rec.cfg.loss} term": _pair((rec.parts.term.float() * mask).sum(), n_digits),
-        f"{rec.cfg.loss} weight": effective_weight(rec.cfg, n_digits, n_tokens, _pair),
-        "digit acc": _pair(correct, n_digits),
-        "digit entropy": _pair(entropy, n_digits),
-        "digit tokens": _pair(n_digits, torch.full_like(n_digits, 1.0 / rec.cp_size)),
-        "digit share": _pair(n_digits, n_tokens),
-        **(rec.mtp or {}),
-    }
+    stats = digit_stats(mask, rec.parts)
+    n_digits, n_tokens = stats.n_digits, mask.sum()
+    loss, training = rec.cfg.loss, torch.is_grad_enabled()
+    entries = {"ce loss": _pair((rec.parts.ce.float() * mask).sum(), n_tokens)}
+    if loss != "ce":
+        entries[f"{loss} term"] = _pair((rec.parts.term.float() * mask).sum(), n_digits)
+        if training:
+            entries[f"{loss} weight"] = effective_weight(rec.cfg, n_digits, n_tokens, _pair)
+    entries["digit acc"] = _pair(stats.correct, n_digits)
+    entries["digit entropy"] = _pair(stats.entropy, n_digits)
+    entries["digit target prob"] = _pair(stats.target_prob, n_digits)
+    entries["digit distance"] = _pair(stats.distance, n_digits)
+    if training:
+        entries["digit tokens"] = _pair(n_digits, torch.full_like(n_digits, 1.0 / rec.cp_size))
+    entries["digit share"] = _pair(n_digits, n_tokens)
+    return {**entries, **(rec.mtp or {})}
 
 
 def effective_weight(
