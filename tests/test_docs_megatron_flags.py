@@ -5,7 +5,7 @@ imports)."""
 import argparse
 import sys
 
-from del_megatron.megatron.args import add_arguments
+from del_megatron.megatron.lm import add_arguments
 
 from .docs_snippets import DOCS, command_lines
 

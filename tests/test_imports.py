@@ -40,6 +40,8 @@ MEGATRON_ORDER = (
     "logits_free",
     "share_watch",
     "resume",
+    "interval_means",
+    "refusal",
     "groups",
     "accounting",
     "reduction",

@@ -112,7 +112,7 @@ def parse(argv, provider=None):
 
 def test_flags_defaults_and_explicit_ids():
     args = parse([])
-    assert (args.numerical_loss, args.del_alpha, args.del_reduction) == ("ce", 0.1, "digit")
+    assert (args.numerical_loss, args.del_alpha, args.del_reduction) == (None, 0.1, "digit")
     assert args.del_digit_share is None
     assert dmm.config_from_args(args).loss == "ce"
     args = parse(

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from del_megatron.megatron.args import add_arguments
+from del_megatron.megatron.lm import add_arguments
 
 from .test_continued_pretraining import ROOT, run_example
 

@@ -151,10 +151,10 @@ def test_the_seam_announces_once_after_megatrons_check_and_unregister_restores_i
     assert checkpointing.check_checkpoint_args is original
 
 
-def test_register_from_args_installs_the_seam_also_for_ce(checkpointing):
+def test_register_from_args_installs_the_seam_also_for_stock_ce(checkpointing):
     from del_megatron.megatron import lm
 
-    assert lm.register_from_args(Namespace(numerical_loss="ce"), None) is None
+    assert lm.register_from_args(Namespace(numerical_loss=None), None) is None
     assert hasattr(checkpointing.check_checkpoint_args, "__wrapped__")
     dmm.unregister()
     assert not hasattr(checkpointing.check_checkpoint_args, "__wrapped__")

@@ -21,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--numerical-loss",
         choices=LOSSES,
-        default="ce",
-        help="loss added to cross-entropy on digit targets; 'ce' leaves Megatron's loss as is",
+        default=None,
+        help="loss added to cross-entropy on digit targets. 'ce' is an A/B's control arm: "
+        "Megatron's cross-entropy, with the digit entries a DEL run logs (digit acc, digit "
+        "entropy, ...). Without this flag the run is stock Megatron-LM",
     )
     group.add_argument(
         "--del-alpha",
@@ -153,8 +155,9 @@ def _has_text(args, tokenizer) -> bool:
 
 def digit_vocab_from_args(args, tokenizer=None) -> Optional[DigitVocab]:
     """DigitVocab from the flags, or else from the run's tokenizer (None for loss 'ce'). Ids
-    given by flag are held against the tokenizer where it has text (given_ids.py)."""
-    if args.numerical_loss == "ce":
+    given by flag are held against the tokenizer where it has text (given_ids.py). None
+    without --numerical-loss (a logits-free stock CE): nothing to report."""
+    if args.numerical_loss is None:
         return None
     if args.del_digit_token_ids is not None:
         return _given_vocab(args, tokenizer)
@@ -230,8 +233,10 @@ def _given_vocab(args, tokenizer) -> DigitVocab:
     return given
 
 
-# Flags that act with --numerical-loss ce too (a logits-free CE).
+# Flags that act without --numerical-loss too (a logits-free CE).
 WITH_CE = ("del_logits_free",)
+# Flags of the weight and its reduction: read by a numerical loss, not by the control arm.
+WEIGHT_FLAGS = ("--del-alpha", "--del-reduction", "--del-digit-share")
 
 
 def _on_the_command_line(flag: str) -> bool:
@@ -239,14 +244,11 @@ def _on_the_command_line(flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
 
 
-def check_flags_need_a_loss(args) -> None:
-    """Refuse --del-* flags set under --numerical-loss ce, to other than their defaults or
-    given on the command line at all (--del-alpha 0.1 is the default): they would do nothing,
-    and the run would train plain CE in silence."""
-    if getattr(args, "numerical_loss", "ce") != "ce":
-        return
+def _set_del_flags(args) -> list:
+    """The --del-* flags set to other than their defaults or given on the command line at all
+    (--del-alpha 0.1 is the default), those that act without a loss (WITH_CE) aside."""
     defaults = vars(add_arguments(argparse.ArgumentParser()).parse_args([]))
-    set_flags = [
+    return [
         "--" + name.replace("_", "-")
         for name, default in defaults.items()
         if name.startswith("del_")
@@ -256,31 +258,57 @@ def check_flags_need_a_loss(args) -> None:
             or _on_the_command_line("--" + name.replace("_", "-"))
         )
     ]
+
+
+def check_flags_need_a_loss(args, say_unused: bool = True) -> None:
+    """Refuse --del-* flags without --numerical-loss (the forgotten flag: the run would train
+    stock CE in silence). With --numerical-loss ce, the control arm of an A/B, the weight flags
+    are accepted and (say_unused) said, in one line, to be unused."""
+    loss = getattr(args, "numerical_loss", None)
+    if loss not in (None, "ce"):
+        return
+    set_flags = _set_del_flags(args)
+    if loss == "ce":
+        if not say_unused:
+            return
+        unused = [flag for flag in set_flags if flag in WEIGHT_FLAGS]
+        if unused:
+            state.log_once(
+                "unused weight flags",
+                "del_megatron: %s unused: --numerical-loss ce trains Megatron's cross-entropy "
+                "(the control arm) and reports the digit entries beside it",
+                ", ".join(unused),
+            )
+        return
     if set_flags:
-        losses = ", ".join(loss for loss in LOSSES if loss != "ce")
+        others = ", ".join(loss for loss in LOSSES if loss not in ("ce", "del"))
         raise ValueError(
-            f"{', '.join(set_flags)} set, but --numerical-loss is ce (its default), which "
-            "trains plain cross-entropy and reads none of them: add --numerical-loss del (or "
-            f"one of {losses}), or drop them"
+            f"{', '.join(set_flags)} set without --numerical-loss, so the run trains stock "
+            f"cross-entropy and reads none of them: add --numerical-loss del (or {others}; ce "
+            "for the control arm of an A/B), or drop them"
         )
 
 
 def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
     """NumericalLossConfig from parsed Megatron-LM args. Call before training starts: a
     tokenizer without single-digit tokens stops the run here with a clear message."""
-    check_flags_need_a_loss(args)
+    check_flags_need_a_loss(args, say_unused=False)  # said by lm.register_from_args
     check_reduction_flags(args)
     vocab = digit_vocab_from_args(args, tokenizer)
     vocab_size = getattr(args, "padded_vocab_size", None)
     if vocab is not None and vocab_size is not None:
         vocab.check_vocab_size(vocab_size)
+    alpha = check_weight(args.del_alpha, "--del-alpha")
+    slot_logits = getattr(args, "del_slot_logits", None)
+    if args.numerical_loss in (None, "ce"):  # the weight flags are unused (said once)
+        return settings.numerical_config("ce", alpha, vocab, None, None, slot_logits)
     return settings.numerical_config(
         args.numerical_loss,
-        check_weight(args.del_alpha, "--del-alpha"),
+        alpha,
         vocab,
         args.del_reduction,
         getattr(args, "del_digit_share", None),
-        getattr(args, "del_slot_logits", None),
+        slot_logits,
     )
 
 
@@ -288,7 +316,7 @@ def check_reduction_flags(args) -> None:
     """Refuse --del-reduction token without --del-digit-share, and the share without it, in the
     flags' own words (NumericalLossConfig's messages name its fields)."""
     share = getattr(args, "del_digit_share", None)
-    if args.numerical_loss == "ce":
+    if args.numerical_loss in (None, "ce"):
         return
     if args.del_reduction == "token" and share is None:
         raise ValueError(
@@ -306,3 +334,13 @@ def check_reduction_flags(args) -> None:
         )
     if share is not None:
         check_digit_share(share, "--del-digit-share")
+
+
+def check_flags(args) -> None:
+    """The refusals the DEL flags decide alone (Megatron-LM runs them as it parses the command
+    line): a forgotten --numerical-loss, the reduction and its share, the weight, and slot
+    flags that contradict each other."""
+    check_flags_need_a_loss(args, say_unused=False)
+    check_reduction_flags(args)
+    check_weight(args.del_alpha, "--del-alpha")
+    _slots_asked(args)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..loss import NumericalLossConfig
 from ..vocab import DigitVocab
+from ..weights import DEFAULT_ALPHA
 from . import logits_free as lf
 from . import model_checks, settings, state
 from .given_ids import api_vocab
@@ -33,6 +34,23 @@ def config_of_arguments(
     ids given (held against the tokenizer when there is one), else the tokenizer's
     (given_ids.api_vocab)."""
     vocab = api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_logits)
+    if loss == "ce":
+        unused = [
+            name
+            for name, value, default in (
+                ("alpha", alpha, DEFAULT_ALPHA),
+                ("reduction", reduction, "digit"),
+                ("digit_share", digit_share, None),
+            )
+            if value != default
+        ]
+        if unused:
+            state.log_once(
+                "unused weight arguments",
+                "del_megatron: %s unused: loss='ce' trains cross-entropy (the control arm) and "
+                "reports the digit entries beside it",
+                ", ".join(unused),
+            )
     return settings.numerical_config(loss, alpha, vocab, reduction, digit_share, slot_logits)
 
 

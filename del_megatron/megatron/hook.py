@@ -24,6 +24,7 @@ from ..sequence import check_balancing
 from . import (
     capture,
     groups,
+    interval_means,
     model_checks,
     records,
     reduction,
@@ -68,7 +69,7 @@ def _recorded_loss(
         records.record(loss, parts, cfg, cp_size)
         if mtp is not None:  # an MTP head of the forward in progress
             depth, mask = mtp.next_head(module, labels)
-            mtp.entries.update(telemetry.mtp_entries(depth, mask, parts))
+            mtp.entries.update(telemetry.mtp_entries(depth, mask, parts, cp_size))
     return loss
 
 
@@ -228,15 +229,16 @@ def register(
         cp_balancing=cp_balancing,
     )
     state.begin(registration)
-    if cfg is not None and cfg.loss != "ce":
+    if cfg is not None and (cfg.loss != "ce" or cfg.vocab is not None):
         state.log_once("settings", settings.settings_line(cfg))
-        if cfg.alpha == 0:
-            state.log_once(
-                "zero weight",
-                "del_megatron: alpha is 0: the %s term is computed (it costs its time) and adds "
-                "nothing to the loss; --numerical-loss ce trains the same loss without it",
-                cfg.loss,
-            )
+    if cfg is not None and cfg.loss != "ce" and cfg.alpha == 0:
+        state.log_once(
+            "zero weight",
+            "del_megatron: alpha is 0: the %s term is computed (it costs its time) and adds "
+            "nothing to the loss; --numerical-loss ce trains the same loss, with the same digit "
+            "entries, without computing the term",
+            cfg.loss,
+        )
 
 
 def unregister() -> None:
@@ -248,6 +250,7 @@ def unregister() -> None:
         delattr(module, _MARKER)
     capture.unwrap_forwards()
     resume.uninstall()
+    interval_means.uninstall()
     state.end()
 
 

@@ -1,9 +1,13 @@
 """Plug del_megatron into Megatron-LM's pretrain_gpt.py (the patches and the drop-in script).
 
+- `add_arguments(parser)`: the DEL flags, refused as soon as they are parsed where they alone
+  decide it.
 - `register_from_args(args, tokenizer)`: the parsed flags and the run's tokenizer -> the loss,
   registered before training starts (a tokenizer without single-digit tokens stops the run
-  there). With --del-reduction digit it also registers how to make the step accounting, which
-  happens on the first training step, once the process groups exist.
+  there; a refusal is one line on rank 0, refusal.py), and Megatron-LM's console means of the
+  digit entries taken over digit targets (interval_means.py). With --del-reduction digit it
+  also registers how to make the step accounting, which happens on the first training step,
+  once the process groups exist.
 - `counted(data_iterator, model)`: forward_step's iterator, counted a step at a time for the
   step-wide "digit" reduction (unchanged otherwise).
 - `wrap_model_provider` (core <= 0.17's pretrain(extra_args_provider=...)): registers from the
@@ -26,9 +30,10 @@ import torch
 import torch.distributed as dist
 
 from ..loss import NumericalLossConfig
-from . import accounting, resume, state
+from . import accounting, interval_means, refusal, resume, state
+from . import args as flags
 from .accounting import DigitAccounting
-from .args import add_arguments, chain_extra_args, check_flags_need_a_loss, config_from_args
+from .args import chain_extra_args, check_flags_need_a_loss, config_from_args
 from .enable import check_and_record, enable
 from .groups import process_groups, unwrapped_model
 from .logits_free import weight_gradient_of
@@ -52,6 +57,15 @@ __all__ = [
     "unwrapped_model",
     "wrap_model_provider",
 ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Megatron-LM's extra-args provider: the DEL flags (args.add_arguments), checked as soon as
+    the parser has parsed them (args.check_flags): a refusal is one line on rank 0 before
+    Megatron-LM validates and prints its arguments."""
+    flags.add_arguments(parser)
+    refusal.check_when_parsed(parser, flags.check_flags)
+    return parser
 
 
 def eval_num_microbatches(args: Any) -> int:
@@ -147,17 +161,21 @@ def counted(
     return known[1]
 
 
+@refusal.one_line
 def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfig]:
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
-    (None, and nothing registered, for --numerical-loss ce without --del-logits-free). Flags
-    del_megatron cannot train with are refused here, before any model exists (support.py)."""
+    (None, and nothing registered, without --numerical-loss and --del-logits-free: stock
+    Megatron-LM). --numerical-loss ce registers the control arm: cross-entropy and the digit
+    entries. Flags del_megatron cannot train with are refused here, before any model exists
+    (support.py), in one line on rank 0 and an exit (refusal.py)."""
     resume.install()  # a --load of other numerical-loss settings is announced (resume.py)
     check_flags_need_a_loss(args)
     logits_free = getattr(args, "del_logits_free", False)
-    if args.numerical_loss == "ce" and not logits_free:
+    if args.numerical_loss is None and not logits_free:
         return None
     check_settings(args, weight_gradient_of(logits_free))
     cfg = config_from_args(args, tokenizer)
+    interval_means.install()  # the console's digit entries: means over digit targets
     numerical = cfg.loss != "ce"
     digit_steps = numerical and cfg.reduction == "digit"
     enable(
@@ -221,7 +239,7 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
         if cfg is not None:
             registration = state.current()
             route = weight_gradient_of(registration.logits_free) if registration else None
-            check_and_record(model.config, cfg, route)
+            refusal.one_line(check_and_record)(model.config, cfg, route)
         return model
 
     return provider

@@ -113,6 +113,11 @@ def settings_line(cfg: NumericalLossConfig) -> str:
         ids = f"digit ids {list(vocab.digit_ids)}, decimal points {list(vocab.decimal_point_ids)}"
         if vocab.chunked:
             ids += f", {len(vocab.multi_digit_ids)} multi-digit tokens, slot rule {cfg.slot_logits}"
+    if cfg.loss == "ce":
+        return (
+            "del_megatron: ce, the control arm (cross-entropy, the digit entries reported) on "
+            + ids
+        )
     return (
         f"del_megatron: {cfg.loss} (alpha {cfg.alpha:g} on the mean term over digit targets, "
         f"{cfg.reduction} reduction{share}) on {ids}"
