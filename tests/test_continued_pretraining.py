@@ -105,3 +105,18 @@ def test_from_scratch_is_said_out_loud(tmp_path):
     assert code == 0, err
     assert flag_values(args, "--load") == [ckpt]
     assert "--pretrained-checkpoint" not in args
+
+
+@pytest.mark.parametrize("script", MODELS, ids=lambda p: p.stem)
+def test_the_control_arm_is_the_same_command_line_but_one_flag(script, tmp_path):
+    """NUMERICAL_LOSS=ce gives an A/B's control arm: every argument the DEL arm gets, but the
+    value of --numerical-loss (the weight flags stay: the control arm says they are unused)."""
+    env = dict(CHECKPOINT_DIR=checkpoint(tmp_path / "ckpt"), TENSORBOARD_DIR="/tb")
+    _, _, numerical = run_example(script, tmp_path, **env)
+    code, err, control = run_example(script, tmp_path, NUMERICAL_LOSS="ce", **env)
+    assert code == 0, err
+    assert flag_values(numerical, "--numerical-loss") == ["del"]
+    assert flag_values(control, "--numerical-loss") == ["ce"]
+    differ = [(a, b) for a, b in zip(numerical, control, strict=True) if a != b]
+    assert differ == [("del", "ce")]
+    assert flag_values(control, "--tensorboard-dir") == ["/tb"]

@@ -10,6 +10,9 @@
 #   else FROM_SCRATCH=1                       random weights, on purpose
 #   else                                      refused: an empty folder would silently mean a
 #                                             randomly initialised model
+#
+# NUMERICAL_LOSS=ce runs an A/B's control arm (the same command line but that one flag);
+# TENSORBOARD_DIR adds --tensorboard-dir, where both arms log the same tags.
 set -euo pipefail
 
 has_checkpoint() {  # a Megatron checkpoint folder has its tracker file
@@ -52,6 +55,8 @@ run_pretrain() {
     --train-iters "${TRAIN_ITERS:-2000}" --bf16 --use-distributed-optimizer \
     --save "$ckpt" "${START[@]}" --save-interval 200 \
     --log-interval 10 --eval-interval 200 --eval-iters 10 \
-    --numerical-loss del --del-alpha "${DEL_ALPHA:-0.1}" --del-reduction "${DEL_REDUCTION:-digit}" \
+    ${TENSORBOARD_DIR:+--tensorboard-dir "$TENSORBOARD_DIR"} \
+    --numerical-loss "${NUMERICAL_LOSS:-del}" \
+    --del-alpha "${DEL_ALPHA:-0.1}" --del-reduction "${DEL_REDUCTION:-digit}" \
     ${DEL_DIGIT_SHARE:+--del-digit-share "$DEL_DIGIT_SHARE"}
 }
