@@ -17,6 +17,18 @@ a cross-entropy run's. docs/continued-pretraining.md walks the whole path.
     # Qwen2.5-0.5B recipe from random weights, mock data (the tokenizer from the HF Hub)
     torchrun --nproc-per-node 1 examples/bridge_pretrain_del.py --alpha 0.1
 
+    # score a checkpoint (CE- or DEL-trained, --loss ce or del): the training run's command
+    # with --load <its --save> and --skip-train, here the continued-pretraining run's. Bridge
+    # loads the latest checkpoint, prints its evaluation on the validation and test sets
+    # ("validation loss at iteration N on validation set | ce loss value: ... | digit acc
+    # value: ... |") and exits. It reads the validation batches of the run's first validation:
+    # a run given --eval-interval above --train-iters validates once, after its last (saved)
+    # iteration, and logged these same numbers.
+    torchrun --nproc-per-node 8 examples/bridge_pretrain_del.py --hf-model Qwen/Qwen2.5-0.5B \\
+        --pretrained-checkpoint /ckpt/qwen25-0.5b-megatron \\
+        --data-path /data/numbers_text_document --load /ckpt/qwen25-del \\
+        --train-iters 2000 --alpha 0.1 --skip-train
+
     # a tiny Qwen2-class model from a local config, built and printed, pretrain() not run
     python examples/bridge_pretrain_del.py --tiny --tokenizer /path/to/hf_tokenizer_dir --dry-run
 
@@ -66,6 +78,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--save", default=None, help="checkpoint folder, resumed from if it has one"
     )
     parser.add_argument("--save-interval", type=int, default=None)
+    parser.add_argument(
+        "--load",
+        default=None,
+        help="checkpoint folder to start from (default: --save's); nothing is written there "
+        "unless it is also --save",
+    )
+    parser.add_argument(
+        "--skip-train",
+        action="store_true",
+        help="with --load: score its latest checkpoint, i.e. Bridge's evaluation on the "
+        "validation and test sets, no training (give the training run's other flags)",
+    )
+    parser.add_argument("--eval-interval", type=int, default=None)
+    parser.add_argument("--eval-iters", type=int, default=None)
     parser.add_argument("--train-iters", type=int, default=None)
     parser.add_argument("--seq-length", type=int, default=None)
     parser.add_argument("--global-batch-size", type=int, default=None)
@@ -77,6 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--dry-run", action="store_true", help="set everything up, print it, skip training"
     )
     args = parser.parse_args(argv)
+    if args.skip_train and not (args.load or args.save):
+        parser.error("--skip-train needs --load (the checkpoint folder to score)")
     if args.pretrained_checkpoint and not args.hf_model:
         parser.error("--pretrained-checkpoint needs --hf-model (the model it was converted from)")
     return args
@@ -144,6 +172,11 @@ def build_config(args: argparse.Namespace):
         cfg.checkpoint.save_interval = args.save_interval or cfg.train.train_iters
     if args.save:
         cfg.checkpoint.save = cfg.checkpoint.load = args.save
+    if args.load:
+        cfg.checkpoint.load = args.load
+    for name in ("eval_interval", "eval_iters"):
+        if getattr(args, name) is not None:
+            setattr(cfg.validation, name, getattr(args, name))
     if args.pretrained_checkpoint:
         cfg.checkpoint.pretrained_checkpoint = args.pretrained_checkpoint
     if args.data_path:  # one indexed dataset, 98/1/1 train/validation/test
@@ -159,7 +192,28 @@ def build_config(args: argparse.Namespace):
         from del_megatron.cpu.bridge import cpu_config
 
         cpu_config(cfg)
+    if args.skip_train:
+        score_only(cfg)
     return cfg
+
+
+def score_only(cfg) -> None:
+    """--skip-train: Bridge's pretrain()/finetune() load cfg.checkpoint.load, run Bridge's
+    evaluation (validation, then test) and exit. Under skip_train Bridge builds the validation
+    loader from sample 0 with cfg.dataset.dataloader_type, where a training run's validation
+    loader is always the shuffled "cyclic" one for a GPT dataset
+    (megatron/bridge/data/loaders.py): the scoring run gets that sampler, so it reads the
+    batches of a training run's first validation (its test loader follows the same setting, so
+    its test line reads the test split in that order, not in the training run's). A folder
+    without a checkpoint is refused (Bridge would evaluate the untrained model)."""
+    from megatron.bridge.training.config import GPTDatasetConfig
+    from megatron.bridge.training.utils.checkpoint_utils import checkpoint_exists
+
+    if not checkpoint_exists(cfg.checkpoint.load):
+        raise SystemExit(f"--skip-train: no checkpoint in {cfg.checkpoint.load}")
+    cfg.validation.skip_train = True
+    if isinstance(cfg.dataset, GPTDatasetConfig):
+        cfg.dataset.dataloader_type = "cyclic"
 
 
 def _bridge_without_cuda(dry_run: bool) -> None:

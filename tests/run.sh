@@ -62,7 +62,8 @@ unit_in() {
   pytest_in "$1" tests --ignore=tests/e2e --ignore=tests/image
   if [ "$1" = py312 ]; then
     echo "--- Megatron-Bridge and NeMo (.venv312-bridge)"
-    DEL_TEST_BRIDGE=1 pytest_in bridge tests/test_bridge.py tests/test_nemo.py tests/test_qa_bridge.py
+    DEL_TEST_BRIDGE=1 pytest_in bridge tests/test_bridge.py tests/test_nemo.py tests/test_qa_bridge.py \
+      tests/test_bridge_scoring.py
   fi
 }
 
