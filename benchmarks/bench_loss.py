@@ -25,7 +25,11 @@ tokens, the multi-digit ones at scattered ids; the cost does not depend on the l
 time_vs_del_paired: its time over del's in the same round, the median over rounds);
 del_naive (plain autograd DEL over F.cross_entropy, TP 1);
 ntloss_was (the `ntloss` package's NTL-WAS plus Megatron CE, TP 1, when installed); with fp32,
-del_copy (DEL without inplace: the caller's logits stay intact). fp32 rows use inplace=True, as
+del_copy (DEL without inplace: the caller's logits stay intact); ce_arm (what `--numerical-loss
+ce`, the A/B's control arm, computes per micro-batch: loss_parts with loss "ce", the per-token
+loss parts.token_loss(0.0) the model returns, and telemetry.digit_stats under a mask of ones, the
+digit metrics it logs; time_vs_ce_paired: its time over ce's in the same round, the median over
+rounds; ce and ce_arm also get time_vs_megatron_ce_paired). fp32 rows use inplace=True, as
 Megatron's CE overwrites fp32 logits itself. place_weights is timed alone (`place_weights_s`).
 With --linear: linear_materialised (output layer matmul + numerical_lm_loss) against
 linear_logits_free (numerical_linear_loss with loss_mask, as --del-logits-free runs it: gradients
@@ -33,7 +37,12 @@ formed in forward, the weight gradient on the "auto" route), linear_logits_free_
 _backward (each route forced) and linear_recompute (without loss_mask: multiplied out again in
 backward); weight_gradient is the route a row took, accumulator_mib its fp32 [V/tp, h]
 weight-gradient accumulator (0 on the "backward" route) and accumulator_share its part of that
-row's peak.
+row's peak. The control arm logits-free: linear_megatron_ce (the matmul + Megatron's
+vocab_parallel_cross_entropy: stock Megatron-LM), linear_ce (numerical_linear_loss with loss
+"ce" and loss_mask) and linear_ce_arm (the same with return_parts=True, token_loss(0.0) and
+digit_stats, as `--numerical-loss ce --del-logits-free` runs it); with --linear, time_ratio and
+peak_ratio are against linear_materialised, time_vs_megatron_ce and peak_vs_megatron_ce against
+linear_megatron_ce (and the _paired times as above, against linear_ce and linear_megatron_ce).
 """
 
 from __future__ import annotations
@@ -222,11 +231,34 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     impls["del_chunked_length"] = ours("del", vocab=CHUNKED_VOCAB, slot_logits="length")
     if dtype_name == "fp32":
         impls["del_copy"] = ours("del", inplace=False)
+    impls["ce_arm"] = _ce_arm(group, inplace)
     if tp == 1:
         impls["del_naive"] = _naive_del
         if _have_ntloss():
             impls["ntloss_was"] = _ntloss_was
     return impls
+
+
+CE_CFG = dm.NumericalLossConfig(loss="ce", alpha=ALPHA, vocab=VOCAB)
+
+
+def _ce_arm(group, inplace: bool):
+    """The A/B's control arm (--numerical-loss ce) per micro-batch, materialised: the parts, the
+    per-token loss the model returns, and the digit metrics its telemetry logs (all computed in
+    the timed forward; nothing read on the host)."""
+    from del_megatron.megatron.telemetry import digit_stats
+
+    def fn(labels, logits):
+        parts = dm.loss_parts(labels, logits, CE_CFG, group, inplace=inplace)
+        _METRICS[:] = digit_stats(torch.ones(labels.shape, device=labels.device), parts)
+        return parts.token_loss(CE_CFG.token_weight)
+
+    return fn
+
+
+# The last control-arm row's digit metrics, kept so that they are computed (and, on CUDA,
+# queued inside the timed forward).
+_METRICS: list = []
 
 
 def _te_parallel_cross_entropy():
@@ -238,6 +270,8 @@ def _te_parallel_cross_entropy():
     return te_parallel_cross_entropy
 
 
+# The numerical_lm_loss rows besides those named after a loss.
+NUMERICAL_LM_ROWS = ("del_copy", "del_chunked", "del_chunked_length", "ce_arm")
 # Kernel each numerical_lm_loss row forces; the others take "auto".
 FORCED_KERNELS = {
     "del_softmax": "softmax",
@@ -254,7 +288,7 @@ def kernel_of(name: str, case) -> str | None:
 
     if name in FORCED_KERNELS:
         return FORCED_KERNELS[name]
-    if name not in LOSSES and name not in ("del_copy", "del_chunked", "del_chunked_length"):
+    if name not in LOSSES and name not in NUMERICAL_LM_ROWS:
         return None
     logits = SimpleNamespace(device=torch.device(case["device"]), dtype=DTYPES[case["dtype"]])
     inplace = case["dtype"] == "fp32" and name != "del_copy"
@@ -298,7 +332,36 @@ def linear_implementations(tp: int, group):
     impls = {"linear_materialised": materialised}
     impls.update({name: logits_free(route) for name, route in LINEAR_ROUTES.items()})
     impls["linear_recompute"] = recompute
+    impls.update(_linear_ce_arm(tp, group))
     return impls
+
+
+def _linear_ce_arm(tp: int, group):
+    """The control arm (--numerical-loss ce) logits-free, and stock Megatron-LM's loss on the
+    same output layer: name -> fn(labels, hidden, weight)."""
+    from megatron.core import tensor_parallel
+
+    from del_megatron.megatron.telemetry import digit_stats
+
+    def megatron_ce(labels, hidden, weight):
+        if tp > 1:
+            hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
+        logits = torch.matmul(hidden, weight.t())
+        return tensor_parallel.vocab_parallel_cross_entropy(logits, labels.t().contiguous()).t()
+
+    def ce(labels, hidden, weight):
+        mask = torch.ones(labels.shape, device=labels.device)
+        return dm.numerical_linear_loss(hidden, weight, labels, CE_CFG, group, loss_mask=mask)
+
+    def ce_arm(labels, hidden, weight):
+        mask = torch.ones(labels.shape, device=labels.device)
+        parts = dm.numerical_linear_loss(
+            hidden, weight, labels, CE_CFG, group, return_parts=True, loss_mask=mask
+        )
+        _METRICS[:] = digit_stats(mask, parts)
+        return parts.token_loss(CE_CFG.token_weight)
+
+    return {"linear_megatron_ce": megatron_ce, "linear_ce": ce, "linear_ce_arm": ce_arm}
 
 
 def _one_step(fn, make_inputs, meter):
@@ -416,6 +479,13 @@ def _worker(rank, world, port, case, phase, reps, names, queue, threads=None):
 PAIRED = {
     "del_chunked": {"time_vs_del_paired": "del"},
     "del_chunked_length": {"time_vs_del_paired": "del"},
+    "ce": {"time_vs_megatron_ce_paired": "megatron_ce"},
+    "ce_arm": {"time_vs_ce_paired": "ce", "time_vs_megatron_ce_paired": "megatron_ce"},
+    "linear_ce": {"time_vs_megatron_ce_paired": "linear_megatron_ce"},
+    "linear_ce_arm": {
+        "time_vs_ce_paired": "linear_ce",
+        "time_vs_megatron_ce_paired": "linear_megatron_ce",
+    },
 }
 
 
@@ -461,13 +531,14 @@ def run_case(case, reps, names=(), threads=None):
     return rows
 
 
-def _ratios(rows, reference: str):
-    ref = rows[reference]
+def _ratios(rows, reference: str, time_key="time_ratio", peak_key="peak_ratio"):
+    """Each row's time and peak over the reference row's (when it ran)."""
+    ref = rows.get(reference, {})
     for row in rows.values():
-        if "time_s" in row:
-            row["time_ratio"] = row["time_s"] / ref["time_s"]
-        if "peak_mib" in row:
-            row["peak_ratio"] = row["peak_mib"] / ref["peak_mib"]
+        if "time_s" in row and "time_s" in ref:
+            row[time_key] = row["time_s"] / ref["time_s"]
+        if "peak_mib" in row and "peak_mib" in ref:
+            row[peak_key] = row["peak_mib"] / ref["peak_mib"]
         if "accumulator_mib" in row and "peak_mib" in row:
             row["accumulator_share"] = row["accumulator_mib"] / row["peak_mib"]
     if "place_weights" in rows and "del" in rows:
@@ -476,16 +547,21 @@ def _ratios(rows, reference: str):
         )
 
 
+def _or_nan(value) -> float:
+    return float("nan") if value is None else value
+
+
 def _print_row(case, name, row):
     fields = [f"{case['tokens']:>6} {case['vocab']:>7} {case['tp']:>2} {case['dtype']:>5}"]
     if "hidden" in case:
         name = f"{name} h{case['hidden']}"
     fields.append(f"{name:>20}")
     fields.append(f"{row.get('time_s', float('nan')) * 1e3:>9.1f}")
-    fields.append(f"{row.get('time_ratio', row.get('share_of_del', float('nan'))):>7.3f}")
-    fields.append(
-        f"{row.get('peak_mib', float('nan')):>9.1f} {row.get('peak_ratio', float('nan')):>7.3f}"
-    )
+    # with --linear and no linear_materialised row: the ratios against linear_megatron_ce
+    time_ratio = row.get("time_ratio", row.get("time_vs_megatron_ce", row.get("share_of_del")))
+    peak_ratio = row.get("peak_ratio", row.get("peak_vs_megatron_ce"))
+    fields.append(f"{_or_nan(time_ratio):>7.3f}")
+    fields.append(f"{row.get('peak_mib', float('nan')):>9.1f} {_or_nan(peak_ratio):>7.3f}")
     if "accumulator_share" in row:
         fields.append(
             f"({row['weight_gradient']}: accumulator {row['accumulator_mib']:.0f} MiB, "
@@ -531,6 +607,8 @@ def main(argv=None):
             _add_routes(rows, case)
         reference = "linear_materialised" if args.linear else "megatron_ce"
         _ratios(rows, reference)
+        if args.linear:
+            _ratios(rows, "linear_megatron_ce", "time_vs_megatron_ce", "peak_vs_megatron_ce")
         for name, row in rows.items():
             kernel = None if args.linear else kernel_of(name, case)
             results.append({**case, "impl": name, **({"kernel": kernel} if kernel else {}), **row})
@@ -544,7 +622,7 @@ def _add_routes(rows, case) -> None:
     the "backward" route)."""
     from del_megatron.kernels.linear import resolve_weight_gradient
 
-    for name, asked in LINEAR_ROUTES.items():
+    for name, asked in {**LINEAR_ROUTES, "linear_ce": "auto", "linear_ce_arm": "auto"}.items():
         if name in rows:
             dtype, tokens, hidden = DTYPES[case["dtype"]], case["tokens"], case["hidden"]
             local = case["vocab"] // case["tp"]
