@@ -133,9 +133,7 @@ def test_a_merging_tokenizer_with_explicit_ids_still_needs_the_opt_in():
           .parse_args([]).del_slot_logits == "length" else "length"], "--del-slot-logits set"),
     ],
 )  # fmt: skip
-def test_del_flags_without_a_numerical_loss_are_refused_with_the_flag_to_add(
-    argv, named, capsys
-):
+def test_del_flags_without_a_numerical_loss_are_refused_with_the_flag_to_add(argv, named, capsys):
     from del_megatron.megatron.lm import register_from_args
 
     args = parse(argv)

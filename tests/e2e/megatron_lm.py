@@ -210,3 +210,63 @@ def run_pretrain(
 
 def is_finite(value: float) -> bool:
     return not (math.isnan(value) or math.isinf(value))
+
+
+# Entries whose console mean is over the digit targets of the interval (interval_means.py),
+# each step weighted by its `digit tokens`; a step without digit targets writes no event.
+DIGIT_KEYED = (
+    "del term",
+    "del weight",
+    "digit acc",
+    "digit entropy",
+    "digit target prob",
+    "digit distance",
+)
+
+
+def log_intervals(printed: Sequence[int]) -> Dict[int, List[int]]:
+    """The steps each console line of Megatron-LM averages: the first line (iteration 1)
+    its own step, without resetting the accumulators, so the next line averages from step 1;
+    each later one the steps since the line before."""
+    printed = sorted(printed)
+    intervals = {printed[0]: [printed[0]]}
+    start = printed[0]
+    for line in printed[1:]:
+        intervals[line] = list(range(start, line + 1))
+        start = line + 1
+    return intervals
+
+
+def weight_key(key: str) -> Optional[str]:
+    """The entry counting the digit targets `key` is a mean over: `digit tokens` for the main
+    head's DIGIT_KEYED entries, `mtp_<k> digit tokens` for MTP head k's; None for the others."""
+    if key in DIGIT_KEYED:
+        return "digit tokens"
+    if key.startswith("mtp_") and key.endswith((" digit acc", " digit entropy")):
+        return key.split(" ")[0] + " digit tokens"
+    return None
+
+
+def steps_with_digits(key: str, scalars: Dict[str, List[tuple]]) -> List[int]:
+    """The steps TensorBoard has `key` for: every step, or for an entry over digit targets the
+    steps that have some (core <= 0.17 shows a count of 0 as 1e-20)."""
+    counted = weight_key(key)
+    if counted is None:
+        return sorted(step for step, _ in scalars["lm loss"])
+    return sorted(step for step, tokens in scalars[counted] if tokens > 1e-6)
+
+
+def console_value(key: str, steps: Sequence[int], scalars: Dict[str, List[tuple]]) -> float:
+    """What the console prints for `key` over `steps`, from TensorBoard's per-step events: the
+    mean over steps, or for an entry over digit targets the mean weighted by each step's
+    digit targets (weight_key; steps without any have no event and weigh nothing; none at all
+    prints 0)."""
+    events = dict(scalars[key])
+    counted = weight_key(key)
+    if counted is None:
+        return sum(events[step] for step in steps) / len(steps)
+    weights = dict(scalars[counted])
+    held = [step for step in steps if weights[step] > 1e-6]  # core <= 0.17 shows 0 as 1e-20
+    if not held:
+        return 0.0
+    return sum(events[s] * weights[s] for s in held) / sum(weights[s] for s in held)

@@ -34,10 +34,14 @@ from del_megatron.megatron.logits_free import core_supports
 from .conftest import DROP_IN_OVER_PATCH, VARIANTS
 from .megatron_lm import (
     DIGIT_IDS,
+    DIGIT_KEYED,
     MOCK_DATA,
     TINY_GPT,
+    console_value,
     cpu_environment,
     is_finite,
+    log_intervals,
+    steps_with_digits,
     tensorboard_scalars,
     validation_lines,
 )
@@ -50,9 +54,15 @@ TELEMETRY = (
     "del weight",
     "digit acc",
     "digit entropy",
+    "digit target prob",
+    "digit distance",
     "digit tokens",
     "digit share",
 )
+# What a validation line reports of them (a validation pass has no step and no weight).
+VALIDATED = tuple(key for key in TELEMETRY if key not in ("del weight", "digit tokens"))
+# What the control arm (--numerical-loss ce) reports: all but the term and its weight.
+CE_ARM = tuple(key for key in TELEMETRY if not key.startswith("del "))
 # Megatron-LM prints 7 significant digits.
 PRINTED = 2e-6
 
@@ -87,7 +97,7 @@ def base_runs(trainer):
         return flags + ["--ckpt-format", fmt] if trainer.variant == PATCHED else []
 
     writing = tensorboard(trainer, "del-digit") if trainer.variant == "drop-in" else []
-    ce = trainer.run("ce", common + ["--numerical-loss", "ce"])
+    ce = trainer.run("ce", common + ["--numerical-loss", "ce", "--del-digit-token-ids", *DIGIT_IDS])
     token = trainer.run("del-token", common + DEL + TOKEN + saving("torch_dist"))
     digit = trainer.run("del-digit", common + DEL + DIGIT + saving("torch") + writing)
     for run in (ce, token, digit):
@@ -106,7 +116,9 @@ variants = parametrize("variant", VARIANTS)
 def test_iteration_one_is_ce_plus_alpha_times_the_term(trainers, tag, variant):
     ce, token, digit = base_runs(trainers(tag, variant))
     first_ce, first_token, first_digit = ce.iterations[1], token.iterations[1], digit.iterations[1]
-    assert not set(TELEMETRY) & set(first_ce)  # --numerical-loss ce leaves Megatron's loss
+    # --numerical-loss ce: the control arm reports the digit entries beside Megatron's CE
+    assert set(CE_ARM) <= set(first_ce) and not {"del term", "del weight"} & set(first_ce)
+    assert first_ce["ce loss"] == first_ce["lm loss"]
     assert first_token["digit tokens"] > 0
     # The pure CE that DEL runs report equals the CE run's loss: same weights, same batch.
     assert first_token["ce loss"] == pytest.approx(first_ce["lm loss"], rel=PRINTED)
@@ -168,31 +180,37 @@ def test_telemetry_is_present_and_finite_on_every_line(trainers, tag, variant):
         assert min(entries["digit tokens"] for entries in run.iterations.values()) < 1e-6
         assert sorted(run.validation) == [5, 10]
         for iteration, entries in run.validation.items():
-            for key in ("lm loss",) + TELEMETRY:
+            for key in ("lm loss",) + VALIDATED:
                 assert key in entries and is_finite(entries[key]), (iteration, entries)
+            # a validation pass has no step: no step's digit tokens, no step's weight
+            assert not {"digit tokens", "del weight"} & set(entries), entries
 
 
 def assert_tensorboard_holds_the_logged_values(run, scalars: dict, keys) -> None:
     """TensorBoard against the console of the same run, for each report entry in `keys`:
-    - training: one event a step under the entry's own name, the step's own sum / count, where
-      the console prints the mean since its last line (--log-interval 1 here, so the two agree
-      but at line 2, which Megatron-LM prints before resetting its accumulators the first time:
-      the mean of steps 1 and 2);
+    - training: one event a step under the entry's own name, the step's own sum / count (for
+      the entries over digit targets, DIGIT_KEYED: one event a step that has digit targets),
+      where the console prints the mean over the steps since its last line (console_value:
+      the DIGIT_KEYED ones weighted by each step's digit targets);
     - validation: one event per validation line the console printed (every --eval-interval,
       then after training the validation and the test set), in order, under `<entry>
       validation` with the line's iteration as step, and with --log-validation-ppl-to-tensorboard
       its PPL (exp of the value, capped at e^20) under `<entry> validation ppl`."""
     lines = validation_lines(run.log)
     assert [iteration for iteration, _, _ in lines][:2] == [5, 10], lines
+    with_digits = steps_with_digits("digit acc", scalars)
+    assert 0 < len(with_digits) < len(run.iterations)  # teeth: some steps have none
+    intervals = log_intervals(list(run.iterations))
     for key in keys:
         events = dict(scalars[key])
-        assert len(events) == len(scalars[key]) and sorted(events) == sorted(run.iterations), key
+        held = steps_with_digits(key, scalars)
+        assert len(events) == len(scalars[key]) and sorted(events) == held, key
         for step, entries in run.iterations.items():
-            want, tolerance = entries[key], PRINTED * abs(entries[key])
-            if step == 2:  # the console's line 2 is the mean of steps 1 and 2
-                first = run.iterations[1][key]
-                want, tolerance = 2 * want - first, PRINTED * (2 * abs(want) + abs(first))
-            assert events[step] == pytest.approx(want, abs=tolerance + 1e-12), (key, step)
+            want = console_value(key, intervals[step], scalars)
+            tolerance = PRINTED * abs(want) + 1e-19  # core <= 0.17 prints 0 as 1e-20
+            assert entries[key] == pytest.approx(want, abs=tolerance), (key, step)
+        if key in ("del weight", "digit tokens"):  # training only
+            continue
         values, ppls = scalars[f"{key} validation"], scalars[f"{key} validation ppl"]
         assert (
             [step for step, _ in values]
@@ -215,9 +233,10 @@ def test_tensorboard_gets_each_steps_telemetry_and_every_validation(trainers, ta
     _, _, digit = base_runs(trainers(tag, "drop-in"))
     scalars = tensorboard_scalars(trainers(tag, "drop-in").path("tb-del-digit"))
     assert_tensorboard_holds_the_logged_values(digit, scalars, ("lm loss",) + TELEMETRY)
-    # Teeth: steps without digit targets log 0 (core <= 0.17: 1e-20), others real values.
+    # Teeth: the digit entries are real values, and no validation line has a step's entries.
     entropy = [value for _, value in scalars["digit entropy"]]
-    assert min(entropy) < 1e-6 and max(entropy) > 0.1, entropy
+    assert min(entropy) > 0.1, entropy
+    assert "digit tokens validation" not in scalars and "del weight validation" not in scalars
 
 
 @newest_tag
@@ -237,9 +256,15 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
         before, after = uninterrupted.series(key, 6, 10), resumed.series(key, 6, 10)
         assert after[0] == before[0] and after[2:] == before[2:], key
         # Megatron-LM does not reset its log accumulators after a run's first iteration, so
-        # the resumed run's line 7 (like every run's line 2) is the mean of its steps 6 and 7.
+        # the resumed run's line 7 (like every run's line 2) is the mean of its steps 6 and 7
+        # (over their digit targets for the digit entries).
+        weights = [1.0, 1.0]
+        if key in DIGIT_KEYED:
+            weights = uninterrupted.series("digit tokens", 6, 7)
+            weights = [w if w > 1e-6 else 0.0 for w in weights]
         if key != "grad norm":
-            assert after[1] == pytest.approx((before[0] + before[1]) / 2, rel=PRINTED), key
+            want = (before[0] * weights[0] + before[1] * weights[1]) / max(sum(weights), 1e-30)
+            assert after[1] == pytest.approx(want, rel=PRINTED), key
 
 
 # The same initial weights need the same padded vocab: 1023 ids (core 0.16's NullTokenizer adds
