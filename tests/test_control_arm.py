@@ -131,3 +131,28 @@ def test_bridge_and_nemo_control_arm_says_its_weight_arguments_are_unused(caplog
         assert "unused" not in caplog.text
     finally:
         dmm.unregister()
+
+
+def test_model_checks_at_the_first_forward_refuse_in_one_line_on_megatron_lms_command_line(capsys):
+    """What only the model shows (its config, its output layer) is checked when the hook first
+    sees it: one line and an exit where Megatron-LM's command line registered the loss, the
+    ValueError elsewhere (Bridge, NeMo, the API)."""
+    import types
+
+    import del_megatron as dm
+    from del_megatron.megatron import hook, state
+
+    config = types.SimpleNamespace(
+        cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="linear"
+    )
+    cfg = dm.NumericalLossConfig(loss="del", alpha=0.1, vocab=dm.DigitVocab(range(10), [10]))
+    dmm.register(cfg)
+    try:
+        with pytest.raises(ValueError, match="--cross-entropy-fusion-impl linear"):
+            hook._check_model_once(types.SimpleNamespace(config=config))
+        state.current().one_line_refusals = True
+        module = types.SimpleNamespace(config=config)
+        line = one_refusal_line(capsys, hook._check_model_once, module)
+        assert "--cross-entropy-fusion-impl linear" in line
+    finally:
+        dmm.unregister()

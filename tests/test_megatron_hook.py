@@ -82,6 +82,8 @@ def test_pipeline_parallel_2_and_virtual_stages_match_pp1_through_megatron_sched
             "del weight",
             "digit acc",
             "digit entropy",
+            "digit target prob",
+            "digit distance",
             "digit tokens",
             "digit share",
         }

@@ -28,6 +28,7 @@ from . import (
     model_checks,
     records,
     reduction,
+    refusal,
     resume,
     settings,
     state,
@@ -73,13 +74,22 @@ def _recorded_loss(
     return loss
 
 
+def _check_model_once(module: Any) -> None:
+    """model_checks.check_model_once, a refusal as one line where the registration asks so."""
+    registration = state.current()
+    if registration is not None and registration.one_line_refusals:
+        refusal.one_line(model_checks.check_model_once)(module)
+    else:
+        model_checks.check_model_once(module)
+
+
 def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """[b, s] per-token loss: CE + alpha * numerical term (docs/DEL.md "token" form)."""
     cfg = settings.of_model(self)
     original = getattr(capture.language_module(), _MARKER)
     if cfg is None:
         return original(self, labels, logits)
-    model_checks.check_model_once(self)
+    _check_model_once(self)
     capture.check_captured(self)
     _check_digit_ids(cfg)
     cp_group, cp_balancing = groups.cp_split(self, capture.packed_seq_params())
@@ -124,7 +134,7 @@ def _before_forward(
 ) -> Dict[str, Any]:
     """capture's hook on each wrapped forward: check the model the first time it runs, and hand
     a call with labels the logits-free output_processor when the run asks for it."""
-    model_checks.check_model_once(module)
+    _check_model_once(module)
     if arguments.get("labels") is None or arguments.get("output_processor") is not None:
         return kwargs
     if settings.of_model(module) is None or lf.route_of(module) is None:

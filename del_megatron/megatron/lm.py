@@ -178,7 +178,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     interval_means.install()  # the console's digit entries: means over digit targets
     numerical = cfg.loss != "ce"
     digit_steps = numerical and cfg.reduction == "digit"
-    enable(
+    registration = enable(
         cfg,
         logits_free=logits_free,
         step_accounting=functools.partial(step_accounting, cfg, args) if digit_steps else None,
@@ -186,6 +186,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
         loss_func_required=digit_steps,
         share_watch=share_watch(cfg, args) if numerical and cfg.reduction == "token" else None,
     )
+    registration.one_line_refusals = True  # the model checks at its first forward, too
     return cfg
 
 

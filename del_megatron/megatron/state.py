@@ -42,8 +42,9 @@ class Registration:
     share_watch.ShareWatch, the token reduction's given digit share checked against the measured
     one.
     loss_func_required: the framework's loss function must be ours (the "digit" reduction is
-    applied there); unreduced: the last training micro-batch's main-head loss it has not seen
-    yet (reduction.expect_reduction)."""
+    applied there); one_line_refusals: the model checks refuse as one line on rank 0 and an exit
+    (Megatron-LM's command line, refusal.py); unreduced: the last training micro-batch's
+    main-head loss it has not seen yet (reduction.expect_reduction)."""
 
     cfg: Optional[NumericalLossConfig] = None
     make_accounting: Optional[Callable[[Any], Any]] = None
@@ -59,6 +60,7 @@ class Registration:
     cp_balancing: str = "document"
     share_watch: Optional[Any] = None
     loss_func_required: bool = False
+    one_line_refusals: bool = False
     unreduced: Optional[Any] = None
 
 
