@@ -39,6 +39,7 @@ MEGATRON_ORDER = (
     "capture",
     "logits_free",
     "share_watch",
+    "seams",
     "resume",
     "interval_means",
     "refusal",

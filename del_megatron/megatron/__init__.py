@@ -6,10 +6,11 @@ is trained. register() sets up all the state the glue keeps and unregister() rem
 Modules, each importing only those before it: state (the registration), settings (the settings
 on the model config, read in one place), given_ids, support | records (the parts behind each
 loss), telemetry (report entries), capture (the forward in progress), logits_free,
-share_watch, resume, interval_means (the console's means over digit targets), refusal (one
-line, not a traceback) | groups (process groups), accounting (a step's counts), reduction
-(token and digit) | loss_func, model_checks, hook (the loss method, register) | enable (the one
-way on) | args, lm (Megatron-LM), bridge, nemo, pretrain_gpt_del.
+share_watch, seams (a Megatron-LM function wrapped in place), resume, interval_means (the
+console's means over digit targets), refusal (one line, not a traceback) | groups (process
+groups), accounting (a step's counts), reduction (token and digit) | loss_func, model_checks,
+hook (the loss method, register) | enable (the one way on) | args, lm (Megatron-LM), bridge,
+nemo, pretrain_gpt_del.
 """
 
 from .accounting import DigitAccounting

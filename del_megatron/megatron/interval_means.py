@@ -15,17 +15,14 @@ Megatron-LM reads every entry itself.
 from __future__ import annotations
 
 import functools
-import importlib
-import sys
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from . import state
+from . import seams, state
 
 MODULE = "megatron.training.training"
 FUNCTION = "training_log"
-_MARKER = "_del_megatron_original_training_log"
 ADVANCED = "advanced iterations"
 DIGIT_TOKENS = "digit tokens"
 # Entries averaged over the digit targets of the main head (their count is `digit tokens`).
@@ -118,19 +115,9 @@ def _wrap(training_log: Callable, means: IntervalMeans) -> Callable:
 
 def install() -> None:
     """Wrap Megatron-LM's training_log (a no-op without Megatron-LM). Idempotent."""
-    try:
-        module = importlib.import_module(MODULE)
-    except ImportError:
-        return
-    if hasattr(module, _MARKER):
-        return
-    setattr(module, _MARKER, getattr(module, FUNCTION))
-    setattr(module, FUNCTION, _wrap(getattr(module, _MARKER), IntervalMeans()))
+    seams.wrap(MODULE, FUNCTION, lambda training_log, _: _wrap(training_log, IntervalMeans()))
 
 
 def uninstall() -> None:
     """Restore Megatron-LM's own training_log. Idempotent."""
-    module = sys.modules.get(MODULE)
-    if module is not None and hasattr(module, _MARKER):
-        setattr(module, FUNCTION, getattr(module, _MARKER))
-        delattr(module, _MARKER)
+    seams.unwrap(MODULE, FUNCTION)

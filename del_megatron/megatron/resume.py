@@ -16,17 +16,14 @@ digit share, where it is now alpha itself.
 from __future__ import annotations
 
 import functools
-import importlib
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..loss import NumericalLossConfig
-from . import state
+from . import seams, state
 
 MODULE = "megatron.training.checkpointing"
 FUNCTION = "check_checkpoint_args"
-_MARKER = "_del_megatron_original_check_checkpoint_args"  # on MODULE: Megatron-LM's function
 
 MIGRATION = "docs/megatron-lm.md, 'Migrating from 0.1'"
 # del-megatron 0.1's defaults, for checkpoints that lack a flag.
@@ -215,19 +212,9 @@ def _wrap(check: Callable, module: Any) -> Callable:
 
 def install() -> None:
     """Wrap Megatron-LM's check_checkpoint_args (a no-op without Megatron-LM). Idempotent."""
-    try:
-        module = importlib.import_module(MODULE)
-    except ImportError:
-        return
-    if hasattr(module, _MARKER):
-        return
-    setattr(module, _MARKER, getattr(module, FUNCTION))
-    setattr(module, FUNCTION, _wrap(getattr(module, _MARKER), module))
+    seams.wrap(MODULE, FUNCTION, _wrap)
 
 
 def uninstall() -> None:
     """Restore Megatron-LM's own check_checkpoint_args. Idempotent."""
-    module = sys.modules.get(MODULE)
-    if module is not None and hasattr(module, _MARKER):
-        setattr(module, FUNCTION, getattr(module, _MARKER))
-        delattr(module, _MARKER)
+    seams.unwrap(MODULE, FUNCTION)
