@@ -48,17 +48,7 @@ from .megatron_lm import (
 from .megatron_lm import tags_for_this_environment as _tags
 
 ALPHA = 0.01
-TELEMETRY = (
-    "ce loss",
-    "del term",
-    "del weight",
-    "digit acc",
-    "digit entropy",
-    "digit target prob",
-    "digit distance",
-    "digit tokens",
-    "digit share",
-)
+TELEMETRY = ("ce loss", *DIGIT_KEYED, "digit tokens", "digit share")
 # What a validation line reports of them (a validation pass has no step and no weight).
 VALIDATED = tuple(key for key in TELEMETRY if key not in ("del weight", "digit tokens"))
 # What the control arm (--numerical-loss ce) reports: all but the term and its weight.
