@@ -96,6 +96,9 @@ def _wrap(training_log: Callable, means: IntervalMeans) -> Callable:
         if pairs and not bound.arguments.get("skipped_iter"):
             per_step = _microbatches_over_dp()
             advanced = totals.get(ADVANCED, 0) + 1
+            for key in loss_dict:  # the console line keeps the report's order
+                if key not in totals:
+                    totals[key] = torch.zeros_like(loss_dict[key], dtype=torch.float)
             empty = None
             if _writes_events(bound.arguments["iteration"]):
                 empty = {w for _, w in pairs if float(loss_dict[w]) * per_step < 0.5}
