@@ -75,7 +75,8 @@ def _step_record(report: dict, loss_cfg: dm.NumericalLossConfig) -> dict:
         "ce": mean("ce loss"),
         "digit_acc": mean("digit acc"),
         "digit_share": mean("digit share"),
-        "term_weight": mean(f"{loss_cfg.loss} weight"),
+        # the control arm ("ce") reports no weight: its term weighs 0
+        "term_weight": mean(f"{loss_cfg.loss} weight") if loss_cfg.loss != "ce" else 0.0,
     }
 
 
