@@ -116,17 +116,22 @@ def test_iteration_one_is_ce_plus_alpha_times_the_mean_term(trainers, dataset):
 def test_telemetry_counts_every_digit_of_a_chunk(trainers, dataset):
     """`digit tokens` is the digits of a micro-batch (Megatron-LM's mean of [sum, count] over
     the step's 2 micro-batches): each document's 19 digits in 9 number tokens of 1, 2 and 3
-    digits, 4 documents a sequence. `digit share` is digits per token."""
+    digits, 4 documents a sequence. `digit share` is digits per token, in validation too
+    (which reports no `digit tokens` and no weight: a pass has no step)."""
     _, run = uninterrupted(trainers, dataset)
     assert dataset["chunks"] == [1, 2, 3]
     per_sequence = SEQ_LENGTH // DOC_TOKENS * dataset["digits"]
     assert dataset["digits"] > dataset["number_tokens"]
-    lines = list(run.iterations.items()) + [(f"valid {i}", v) for i, v in run.validation.items()]
     assert sorted(run.validation) == [5, 10]
-    for step, entries in lines:
+    for step, entries in run.iterations.items():
         for key in TELEMETRY:
             assert is_finite(entries[key]), (step, key)
         assert entries["digit tokens"] == pytest.approx(MICRO_BATCH * per_sequence), step
+        assert entries["digit share"] == pytest.approx(dataset["digits"] / DOC_TOKENS), step
+    for step, entries in run.validation.items():
+        for key in set(TELEMETRY) - {"del weight", "digit tokens"}:
+            assert is_finite(entries[key]), (step, key)
+        assert not {"del weight", "digit tokens"} & set(entries), step
         assert entries["digit share"] == pytest.approx(dataset["digits"] / DOC_TOKENS), step
 
 
