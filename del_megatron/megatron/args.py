@@ -260,26 +260,13 @@ def _set_del_flags(args) -> list:
     ]
 
 
-def check_flags_need_a_loss(args, say_unused: bool = True) -> None:
+def check_flags_need_a_loss(args) -> None:
     """Refuse --del-* flags without --numerical-loss (the forgotten flag: the run would train
-    stock CE in silence). With --numerical-loss ce, the control arm of an A/B, the weight flags
-    are accepted and (say_unused) said, in one line, to be unused."""
-    loss = getattr(args, "numerical_loss", None)
-    if loss not in (None, "ce"):
+    stock CE in silence). --numerical-loss ce, the control arm of an A/B, accepts them
+    (say_unused_weight_flags says which it does not read)."""
+    if getattr(args, "numerical_loss", None) is not None:
         return
     set_flags = _set_del_flags(args)
-    if loss == "ce":
-        if not say_unused:
-            return
-        unused = [flag for flag in set_flags if flag in WEIGHT_FLAGS]
-        if unused:
-            state.log_once(
-                "unused weight flags",
-                "del_megatron: %s unused: --numerical-loss ce trains Megatron's cross-entropy "
-                "(the control arm) and reports the digit entries beside it",
-                ", ".join(unused),
-            )
-        return
     if set_flags:
         others = ", ".join(loss for loss in LOSSES if loss not in ("ce", "del"))
         raise ValueError(
@@ -289,10 +276,25 @@ def check_flags_need_a_loss(args, say_unused: bool = True) -> None:
         )
 
 
+def say_unused_weight_flags(args) -> None:
+    """With --numerical-loss ce, log once the weight flags given that the control arm does not
+    read (the DEL arm's command line may keep them)."""
+    if getattr(args, "numerical_loss", None) != "ce":
+        return
+    unused = [flag for flag in _set_del_flags(args) if flag in WEIGHT_FLAGS]
+    if unused:
+        state.log_once(
+            "unused weight flags",
+            "del_megatron: %s unused: --numerical-loss ce trains Megatron's cross-entropy "
+            "(the control arm) and reports the digit entries beside it",
+            ", ".join(unused),
+        )
+
+
 def config_from_args(args, tokenizer=None) -> NumericalLossConfig:
     """NumericalLossConfig from parsed Megatron-LM args. Call before training starts: a
     tokenizer without single-digit tokens stops the run here with a clear message."""
-    check_flags_need_a_loss(args, say_unused=False)  # said by lm.register_from_args
+    check_flags_need_a_loss(args)
     check_reduction_flags(args)
     vocab = digit_vocab_from_args(args, tokenizer)
     vocab_size = getattr(args, "padded_vocab_size", None)
@@ -340,7 +342,7 @@ def check_flags(args) -> None:
     """The refusals the DEL flags decide alone (Megatron-LM runs them as it parses the command
     line): a forgotten --numerical-loss, the reduction and its share, the weight, and slot
     flags that contradict each other."""
-    check_flags_need_a_loss(args, say_unused=False)
+    check_flags_need_a_loss(args)
     check_reduction_flags(args)
     check_weight(args.del_alpha, "--del-alpha")
     _slots_asked(args)

@@ -99,15 +99,18 @@ def _wrap(training_log: Callable, means: IntervalMeans) -> Callable:
             for key in loss_dict:  # the console line keeps the report's order
                 if key not in totals:
                     totals[key] = torch.zeros_like(loss_dict[key], dtype=torch.float)
-            empty = None
+            empty = set()  # counts without digit targets, read where events are written
             if _writes_events(bound.arguments["iteration"]):
                 empty = {w for _, w in pairs if float(loss_dict[w]) * per_step < 0.5}
             for key, weight_key in pairs:
                 mean = means.add(key, loss_dict[key], loss_dict[weight_key] * per_step)
-                # training_log adds the step's value to its total and prints total / advanced
-                totals[key] = mean * advanced - loss_dict[key]
-                if empty and weight_key in empty:
-                    totals[key] = totals[key] + loss_dict.pop(key)
+                # training_log prints total / advanced, having added the step's value to the
+                # total, unless the entry is gone from the step's report (then no event either)
+                if weight_key in empty:
+                    del loss_dict[key]
+                    totals[key] = mean * advanced
+                else:
+                    totals[key] = mean * advanced - loss_dict[key]
         result = training_log(*bound.args, **bound.kwargs)
         if not totals.get(ADVANCED, 0):  # training_log printed and reset its totals
             means.clear()

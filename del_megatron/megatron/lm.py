@@ -33,7 +33,12 @@ from ..loss import NumericalLossConfig
 from . import accounting, interval_means, refusal, resume, state
 from . import args as flags
 from .accounting import DigitAccounting
-from .args import chain_extra_args, check_flags_need_a_loss, config_from_args
+from .args import (
+    chain_extra_args,
+    check_flags_need_a_loss,
+    config_from_args,
+    say_unused_weight_flags,
+)
 from .enable import check_and_record, enable
 from .groups import process_groups, unwrapped_model
 from .logits_free import weight_gradient_of
@@ -170,6 +175,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     (support.py), in one line on rank 0 and an exit (refusal.py)."""
     resume.install()  # a --load of other numerical-loss settings is announced (resume.py)
     check_flags_need_a_loss(args)
+    say_unused_weight_flags(args)
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss is None and not logits_free:
         return None

@@ -56,9 +56,6 @@ class DigitStats(NamedTuple):
     distance: torch.Tensor  # its expected |digit - target digit|
 
 
-_DIGITS = torch.arange(10)
-
-
 def digit_stats(mask: torch.Tensor, parts: LossParts) -> DigitStats:
     """DigitStats summed over the digit targets under `mask` [b, s] (float): one per digit
     target, a chunking vocab's held [b, s, 3] slots, else [b, s]. Every statistic reads the
@@ -75,7 +72,8 @@ def digit_stats(mask: torch.Tensor, parts: LossParts) -> DigitStats:
     correct = logits.argmax(dim=-1) == digit
     target = digit.clamp(0, 9).unsqueeze(-1)
     target_prob = probs.gather(-1, target).squeeze(-1)
-    distance = (probs * (_DIGITS.to(probs.device) - target).abs()).sum(dim=-1)
+    digits = torch.arange(10, device=probs.device)  # made on the device: no host copy
+    distance = (probs * (digits - target).abs()).sum(dim=-1)
     digit_mask = held.float() * mask.unsqueeze(-1)
     return DigitStats(
         digit_mask.sum(),
