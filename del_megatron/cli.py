@@ -20,6 +20,7 @@ import warnings
 from dataclasses import Field, fields
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
+from .config import check_weight
 from .demo.config import (
     BASE_STEPS,
     CHUNKED,
@@ -37,7 +38,6 @@ from .loss import LOSSES
 from .ports import free_port
 from .quick_exit import skip_final_collections
 from .slots import RULES
-from .weights import check_weight
 
 # What the demo trains: every loss, and DEL on single-digit tokens only (for chunking tokenizers).
 DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
@@ -67,7 +67,7 @@ def _number(kind: Callable, bound: str) -> Callable[[str], object]:
 
 
 def _ruled(kind: Callable, rule: Callable[[object, str], object], name: str) -> Callable:
-    """argparse type: a number that `rule(value, name)` accepts (del_megatron.weights' rules,
+    """argparse type: a number that `rule(value, name)` accepts (del_megatron.config' rules,
     TrainConfig's ranges); its refusal, less the leading name, is the one-line error."""
 
     def parse(text: str):
@@ -454,8 +454,8 @@ def _slot_logits_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .config import DEFAULT_ALPHA
     from .data_share import DEFAULT_SAMPLE_TOKENS
-    from .weights import DEFAULT_ALPHA
 
     parser = argparse.ArgumentParser(prog="del-megatron", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

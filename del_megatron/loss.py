@@ -1,22 +1,22 @@
-"""The public entry: NumericalLossConfig and numerical_lm_loss on Megatron-shaped tensors.
+"""The public entry: numerical_lm_loss and its peers on Megatron-shaped tensors.
 
 Composes kernel -> number layout -> head -> reduction: a kernel (kernels/) gives per-token CE and
 the ten digit logits, numbers.py locates every digit in its number (over the whole sequence under
 context parallelism or packing), a head (heads.py) turns digit logits into the numerical term,
 and the reduction puts CE and alpha * term together. The math is docs/DEL.md.
 
-NumericalLossConfig says what a run means; how it is computed (kernel, inplace, validate,
-chunk_tokens) is a keyword argument of the functions below.
+NumericalLossConfig (config.py) says what a run means; how it is computed (kernel, inplace,
+validate, chunk_tokens) is a keyword argument of the functions below.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
+from .config import LOSSES, REDUCTIONS, NumericalLossConfig
 from .heads import HEADS
 from .kernels import ProcessGroup, digit_cross_entropy
 from .kernels.linear import DEFAULT_WEIGHT_GRADIENT, SequenceParallelGather
@@ -29,88 +29,19 @@ from .numbers import (
     select_positions,
 )
 from .sequence import check_balancing, doc_starts, gather_sequence
-from .slots import DEFAULT_SLOT_LOGITS, check_rule, length_conditioned
+from .slots import length_conditioned
 from .vocab import NUM_DIGITS, DigitVocab
-from .weights import DEFAULT_ALPHA, check_digit_share, check_weight
 
-LOSSES = ("ce",) + tuple(HEADS)
-REDUCTIONS = ("digit", "token")
-
-TOKEN_NEEDS_SHARE = (
-    "reduction='token' needs digit_share: alpha is the weight on the mean term over digit "
-    "targets, and the token reduction reaches it by weighing each digit token's term by "
-    "alpha / digit_share, the share of loss tokens that are digit targets in your data "
-    "(`del-megatron check --data-path PREFIX` measures it). Or use reduction='digit' (the "
-    "default), which counts the digit targets itself"
-)
-
-
-@dataclass(frozen=True)
-class NumericalLossConfig:
-    """What a run means: the loss added to cross-entropy, and how much of it.
-
-    loss:         "ce" (plain cross-entropy), "del", "ntl_was", "ntl_mse" or "dist2"
-    alpha:        weight of the numerical term's mean over digit targets, as in the papers:
-                  loss = mean CE + alpha * mean digit term, under either reduction
-    vocab:        DigitVocab of the tokenizer (required unless loss == "ce")
-    reduction:    "digit" (the term averaged over the digit targets themselves) or "token"
-                  (each token carries CE_t + alpha / digit_share * term_t, no counting;
-                  docs/DEL.md)
-    ignore_index: label value of positions without a loss
-    digit_share:  with reduction "token": the share of loss tokens that are digit targets
-                  (in (0, 1]; counted in digits); None otherwise
-    slot_logits:  a chunking vocab's slot rule (docs/DEL.md): "length" (candidates of the
-                  label's number of digits, prefix-conditional) or "any" (every length); the
-                  same on a one-digit-a-token vocab
-
-    These are what Megatron's flags and model-config fields carry. How the loss is computed
-    (kernel, inplace, validate, chunk_tokens) is a keyword argument of numerical_lm_loss,
-    numerical_linear_loss and loss_parts.
-    """
-
-    loss: str = "del"
-    alpha: float = DEFAULT_ALPHA
-    vocab: Optional[DigitVocab] = None
-    reduction: str = "digit"
-    ignore_index: int = -100
-    digit_share: Optional[float] = None
-    slot_logits: str = DEFAULT_SLOT_LOGITS
-
-    def __post_init__(self) -> None:
-        check_rule(self.slot_logits)
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        if self.reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
-        if self.vocab is not None and not isinstance(self.vocab, DigitVocab):
-            raise TypeError(f"vocab must be a DigitVocab, got {type(self.vocab).__name__}")
-        if self.loss != "ce" and self.vocab is None:
-            raise ValueError(
-                f"loss={self.loss!r} needs vocab=DigitVocab(...) (or DigitVocab.from_tokenizer)"
-            )
-        object.__setattr__(self, "alpha", check_weight(self.alpha, "alpha"))
-        if self.digit_share is not None:
-            if self.reduction != "token":
-                raise ValueError(
-                    "digit_share is the token reduction's: reduction='digit' counts the digit "
-                    "targets itself. Pass reduction='token' with it, or drop it"
-                )
-            share = check_digit_share(self.digit_share)
-            object.__setattr__(self, "digit_share", share)
-        elif self.reduction == "token" and self.loss != "ce":
-            raise ValueError(TOKEN_NEEDS_SHARE)
-
-    @property
-    def token_weight(self) -> float:
-        """The weight each digit target's term carries in the per-token loss CE_t + w * term_t
-        the model returns: alpha / digit_share for the token reduction, alpha for the digit
-        reduction (whose loss function rescales the term to a mean over digit targets), 0 for
-        loss "ce"."""
-        if self.loss == "ce":
-            return 0.0
-        if self.reduction == "token":
-            return self.alpha / self.digit_share
-        return self.alpha
+__all__ = [
+    "LOSSES",
+    "REDUCTIONS",
+    "LossParts",
+    "NumericalLossConfig",
+    "digit_term_scale",
+    "loss_parts",
+    "numerical_linear_loss",
+    "numerical_lm_loss",
+]
 
 
 class LossParts(NamedTuple):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
+from .config import DEFAULT_ALPHA
 from .data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
 from .tokenizer_types import NO_TEXT_TYPES, read_as_megatron
 from .tokenizers import (
@@ -23,7 +24,6 @@ from .tokenizers import (
     spaced_digit_tokens,
 )
 from .vocab import DigitVocab, digit_vocab_from_tokenizer
-from .weights import DEFAULT_ALPHA
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,7 @@ def _flags(out: str, start: str) -> list:
 
 def _config(flags):
     """NumericalLossConfig from `flags`, parsed with Megatron-LM's flag definitions."""
-    from del_megatron.megatron.args import add_arguments, config_from_args
+    from del_megatron.megatron.flags import add_arguments, config_from_args
 
     return config_from_args(add_arguments(argparse.ArgumentParser()).parse_args(flags))
 

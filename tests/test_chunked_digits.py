@@ -236,7 +236,6 @@ def test_megatron_flags_and_model_config_keep_the_number_tokens():
     from tokenizers import Tokenizer
 
     from del_megatron import megatron as dmm
-    from del_megatron.megatron.settings import cfg_from_model_config, config_fields
 
     from .test_tokenizers import LLAMA3_TOKENIZER
 
@@ -254,9 +253,9 @@ def test_megatron_flags_and_model_config_keep_the_number_tokens():
         pass
 
     model_config = ModelConfig()
-    for name, value in config_fields(cfg).items():
+    for name, value in cfg.to_fields().items():
         setattr(model_config, name, value)
-    assert cfg_from_model_config(model_config) == cfg
+    assert dm.NumericalLossConfig.from_fields(model_config) == cfg
 
 
 def test_check_reports_the_real_llama3_file_as_chunking():

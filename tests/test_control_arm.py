@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from del_megatron import megatron as dmm
-from del_megatron.megatron import interval_means, lm, refusal
+from del_megatron.megatron import lm, refusals
 
 from .test_refusals import one_refusal_line
 
@@ -59,7 +59,7 @@ def test_without_numerical_loss_the_run_is_stock_and_del_flags_stop_it_as_they_a
     line = one_refusal_line(
         capsys, parsed, ["--numerical-loss", "del", "--del-reduction", "token"], monkeypatch
     )
-    assert line.startswith("--del-reduction token needs --del-digit-share S")
+    assert line.startswith("--del-reduction token needs --del-digit-share,")
     line = one_refusal_line(
         capsys, parsed, ["--numerical-loss", "del", "--del-alpha", "-1"], monkeypatch
     )
@@ -74,8 +74,8 @@ def test_only_errors_del_megatron_raises_become_one_line():
         raise ValueError("not ours")
 
     with pytest.raises(ValueError, match="not ours"):
-        refusal.one_line(theirs)()
-    assert refusal.refusal_line(ValueError("del_megatron: a\n  b")) == "del_megatron: refused: a b"
+        refusals.one_line(theirs)()
+    assert refusals.refusal_line(ValueError("del_megatron: a\n  b")) == "del_megatron: refused: a b"
 
 
 @pytest.mark.parametrize(
@@ -104,30 +104,31 @@ def test_only_errors_del_megatron_raises_become_one_line():
     ],
 )
 def test_the_entries_averaged_over_digit_targets_and_their_counts(loss, reduction, keys, weighted):
-    assert dict(interval_means.weighted_entries(keys, loss, reduction)) == weighted
+    assert dict(lm.weighted_entries(keys, loss, reduction)) == weighted
 
 
 def test_bridge_and_nemo_control_arm_says_its_weight_arguments_are_unused(caplog):
     """enable_numerical_loss(..., loss="ce", alpha=0.3) (Bridge and NeMo share this path): the
     control arm, and one line naming the arguments it does not use."""
     import del_megatron as dm
-    from del_megatron.megatron.enable import config_of_arguments
+    from del_megatron.megatron.hook import config_of_arguments
 
     vocab = dm.DigitVocab(range(10), [10])
     dmm.register(None)
     try:
         with caplog.at_level(logging.INFO, logger="del_megatron"):
-            cfg = config_of_arguments("ce", 0.3, "token", None, None, vocab, None, False)
-            config_of_arguments("ce", 0.3, "token", None, None, vocab, None, False)
+            settings = dict(loss="ce", alpha=0.3, reduction="token")
+            cfg = config_of_arguments(None, vocab, False, settings)
+            config_of_arguments(None, vocab, False, settings)
         assert cfg.loss == "ce" and cfg.token_weight == 0.0
         lines = [r.getMessage() for r in caplog.records if "unused" in r.getMessage()]
         assert lines == [
-            "del_megatron: alpha, reduction unused: loss='ce' trains cross-entropy (the control "
-            "arm) and reports the digit entries beside it"
+            "del_megatron: alpha, reduction unused: loss='ce' trains Megatron's cross-entropy "
+            "(the control arm) and reports the digit entries beside it"
         ]
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="del_megatron"):
-            config_of_arguments("del", 0.3, "digit", None, None, vocab, None, False)
+            config_of_arguments(None, vocab, False, dict(loss="del", alpha=0.3))
         assert "unused" not in caplog.text
     finally:
         dmm.unregister()
@@ -140,7 +141,8 @@ def test_model_checks_at_the_first_forward_refuse_in_one_line_on_megatron_lms_co
     import types
 
     import del_megatron as dm
-    from del_megatron.megatron import hook, state
+    from del_megatron.megatron import hook
+    from del_megatron.megatron import registration as reg
 
     config = types.SimpleNamespace(
         cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="linear"
@@ -150,7 +152,7 @@ def test_model_checks_at_the_first_forward_refuse_in_one_line_on_megatron_lms_co
     try:
         with pytest.raises(ValueError, match="--cross-entropy-fusion-impl linear"):
             hook._check_model_once(types.SimpleNamespace(config=config))
-        state.current().one_line_refusals = True
+        reg.current().one_line_refusals = True
         module = types.SimpleNamespace(config=config)
         line = one_refusal_line(capsys, hook._check_model_once, module)
         assert "--cross-entropy-fusion-impl linear" in line

@@ -277,25 +277,25 @@ def test_check_recommends_the_alpha_of_the_tokenizer_family(capsys, tokenizer, f
 
 def test_one_default_alpha_story():
     """check's recommendation for the demo's tokenizer (SentencePiece) is the demo's and
-    compare's DEL weight, --del-alpha's default, NumericalLossConfig's, Bridge's and NeMo's, and
+    compare's DEL weight, --del-alpha's default, NumericalLossConfig's (Bridge's and NeMo's), and
     the advice for unknown families: one DEFAULT_ALPHA."""
     import inspect
 
     import del_megatron as dm
+    from del_megatron.config import DEFAULT_ALPHA
     from del_megatron.demo.compare import PAPER_WEIGHTS
     from del_megatron.demo.config import TrainConfig
-    from del_megatron.megatron import args as megatron_args
     from del_megatron.megatron import bridge, nemo
+    from del_megatron.megatron import flags as megatron_args
     from del_megatron.preflight import SENTENCEPIECE, UNKNOWN
-    from del_megatron.weights import DEFAULT_ALPHA
 
     assert TrainConfig("", "").alpha == SENTENCEPIECE.alpha == PAPER_WEIGHTS["del"] == 0.1
     parser = megatron_args.add_arguments(__import__("argparse").ArgumentParser())
     assert parser.parse_args([]).del_alpha == DEFAULT_ALPHA == UNKNOWN.alpha == 0.1
     assert dm.NumericalLossConfig(loss="ce").alpha == DEFAULT_ALPHA
-    for module in (bridge, nemo):
-        default = inspect.signature(module.enable_numerical_loss).parameters["alpha"].default
-        assert default == DEFAULT_ALPHA
+    for module in (bridge, nemo):  # they take NumericalLossConfig's keyword arguments
+        parameters = inspect.signature(module.enable_numerical_loss).parameters
+        assert "alpha" not in parameters and parameters["settings"].kind.name == "VAR_KEYWORD"
 
 
 def test_curve_steps_and_subset_summaries_by_hand():

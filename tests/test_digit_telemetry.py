@@ -9,7 +9,8 @@ import torch
 import del_megatron as dm
 from del_megatron import megatron as dmm
 from del_megatron.loss import LossParts, loss_parts
-from del_megatron.megatron import records, telemetry
+from del_megatron.megatron import registration as reg
+from del_megatron.megatron import telemetry
 
 from . import telemetry_workers
 
@@ -29,7 +30,7 @@ def report_for(mask: torch.Tensor, parts: LossParts, cfg) -> dict:
     output = parts.token_loss(cfg.token_weight)
     dmm.register(cfg)
     try:
-        records.record(output, parts, cfg)
+        reg.record(output, parts, cfg)
         return dmm.numerical_loss_func(mask, output)[2]
     finally:
         dmm.unregister()
@@ -124,7 +125,7 @@ def test_chunked_digit_entropy_counts_held_slots_only():
         float(slot_logits[0, pos, j].argmax().item() == digit[0, pos, j].item()) for pos, j in held
     )
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.1, vocab=VOCAB)
-    report = telemetry.report_entries(mask, records.Record(zeros, parts, cfg))
+    report = telemetry.report_entries(mask, reg.Record(zeros, parts, cfg))
     assert len(held) == 6
     assert report["digit entropy"][1].item() == report["digit acc"][1].item() == 6.0
     assert report["digit entropy"][0].item() == pytest.approx(want, rel=1e-6)
@@ -140,7 +141,7 @@ def test_digit_tokens_counts_one_micro_batch_over_its_context_parallel_ranks():
     cfg = dm.NumericalLossConfig(loss="del", alpha=0.1, vocab=VOCAB)
     parts = loss_parts(labels, logits, cfg)
     mask = torch.ones(1, 4)
-    rec = records.Record(parts.token_loss(cfg.token_weight), parts, cfg, cp_size=4)
+    rec = reg.Record(parts.token_loss(cfg.token_weight), parts, cfg, cp_size=4)
     assert telemetry.report_entries(mask, rec)["digit tokens"].tolist() == [3.0, 0.25]
 
 

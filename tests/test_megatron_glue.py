@@ -9,7 +9,7 @@ import torch
 import del_megatron as dm
 from del_megatron import megatron as dmm
 from del_megatron.loss import loss_parts
-from del_megatron.megatron import records
+from del_megatron.megatron import registration as reg
 from del_megatron.reference import reference_lm_loss
 
 # ids 0..9 digits, 10 '.', vocab 16
@@ -34,7 +34,7 @@ def through_loss_func(labels, mask, logits, cfg):
     output = parts.token_loss(cfg.token_weight)
     dmm.register(cfg)
     try:
-        records.record(output, parts, cfg)
+        reg.record(output, parts, cfg)
         loss, num_tokens, report = dmm.numerical_loss_func(mask, output)
     finally:
         dmm.unregister()
@@ -49,7 +49,7 @@ def test_telemetry_and_reduction_by_hand(reduction):
         loss="del", alpha=0.2, vocab=VOCAB, reduction=reduction, digit_share=share
     )
     loss, num_tokens, report, output = through_loss_func(labels, mask, logits, cfg)
-    assert records.find(output) is None  # unregister() forgets the records
+    assert reg.find(output) is None  # unregister() forgets the records
 
     # By hand: "31" is one number (tens, units: w = 4, 2); 'x' is not a digit; '7' is masked.
     ce, term = reference_lm_loss(labels, logits, VOCAB, loss="del")
@@ -83,7 +83,7 @@ def test_digit_free_micro_batches_report_zero_not_nan():
     output = parts.token_loss(0.2)
     dmm.register(cfg)
     try:
-        records.record(output, parts, cfg)
+        reg.record(output, parts, cfg)
         _, _, report = dmm.numerical_loss_func(torch.ones(1, 3), output)
     finally:
         dmm.unregister()
@@ -208,7 +208,7 @@ def test_the_fused_cross_entropy_log_says_what_replaces_it_and_at_what_memory(im
     """--cross-entropy-fusion-impl te: the materialised loss holds one more logits-sized buffer
     than TE's in-place kernel (said in bytes a logit); logits-free holds none. Never "the same
     passes"."""
-    from del_megatron.megatron.model_checks import fusion_replacement
+    from del_megatron.megatron.refusals import fusion_replacement
 
     kept, free = fusion_replacement(impl), fusion_replacement(impl, "forward")
     if impl == "te":
@@ -232,7 +232,8 @@ def test_register_from_args_tells_the_hook_how_packed_batches_are_cut_over_cp(fl
     under --dataloader-inter-document-masking without --sft, else per document: the registration
     carries which, and the hook cuts the labels the same way (tests/megatron_workers/
     context_parallel.py, check_hook_passes_the_cp_group)."""
-    from del_megatron.megatron import lm, state
+    from del_megatron.megatron import lm
+    from del_megatron.megatron import registration as reg
 
     args = parse(["--numerical-loss", "del", "--del-digit-token-ids", *map(str, range(5, 15))])
     args.padded_vocab_size = 64
@@ -240,7 +241,7 @@ def test_register_from_args_tells_the_hook_how_packed_batches_are_cut_over_cp(fl
         setattr(args, name, value)
     try:
         lm.register_from_args(args, tokenizer=None)
-        assert state.current().cp_balancing == balancing
+        assert reg.current().cp_balancing == balancing
     finally:
         dmm.unregister()
     with pytest.raises(ValueError, match="cp_balancing must be one of"):

@@ -12,8 +12,9 @@ import torch
 import del_megatron as dm
 from del_megatron import megatron as dmm
 from del_megatron.loss import loss_parts
-from del_megatron.megatron import lm, records
+from del_megatron.megatron import lm
 from del_megatron.megatron import loss_func as dm_loss_func
+from del_megatron.megatron import registration as reg
 from del_megatron.megatron.accounting import DigitAccounting
 from del_megatron.reference import reference_lm_loss
 
@@ -32,15 +33,17 @@ def _args(argv):
 
 
 def check_wrapped_model_provider():
-    """The wrapped provider reads the flags and the run's tokenizer, registers the loss and
-    records the settings on the model config; the model's loss is then DEL."""
+    """The wrapped provider reads the flags and the run's tokenizer and registers the loss; the
+    model reads its settings from the registration (nothing is written on its config), and
+    its loss is then DEL."""
     args = _args(["--numerical-loss", "del", "--del-alpha", "0.5"])
     provider = lm.wrap_model_provider(lambda: build_gpt(1), lambda: args, _ToyDigitTokenizer)
     model = provider()
     try:
         assert dmm.is_registered()
-        assert model.config.numerical_loss == "del"
-        assert model.config.del_digit_token_ids == list(GPT_VOCAB.digit_ids)
+        assert not hasattr(model.config, "numerical_loss")
+        assert reg.of_model(model) is reg.current().cfg
+        assert reg.of_model(model).vocab.digit_ids == GPT_VOCAB.digit_ids
         tokens, labels, positions = number_batch(2, seed=5)
         loss = model(tokens, positions, None, labels=labels)
         logits = model(tokens, positions, None).transpose(0, 1)
@@ -111,7 +114,7 @@ def test_the_drop_in_over_a_patched_pretrain_gpt_wraps_and_counts_once():
         batch = next(data_iterator)
         parts = loss_parts(batch["labels"], batch["logits"], dm.NumericalLossConfig(vocab=VOCAB))
         output = parts.token_loss(cfg.alpha)
-        records.record(output, parts, cfg)  # as the loss hook does
+        reg.record(output, parts, cfg)  # as the loss hook does
         return output, partial(module.loss_func, batch["loss_mask"], model=model)
 
     patched_loss_func = lm.make_loss_func(dm_loss_func._plain_loss_func)

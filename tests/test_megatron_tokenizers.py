@@ -39,7 +39,7 @@ def test_megatron_lms_build_tokenizer_hugging_face_tokenizer_with_llama3():
     core_v0.19.0 imports it, then digit_vocab_from_args)."""
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
 
-    from del_megatron.megatron.args import digit_vocab_from_args
+    from del_megatron.megatron.flags import digit_vocab_from_args
 
     args = SimpleNamespace(
         tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(LLAMA3_TOKENIZER.parent),

@@ -92,7 +92,7 @@ def test_the_family_decides_the_weight_the_papers_run_applied(sentencepiece_file
     chat markers): 1.28; DeepSeek (its BOS, one digit a token): 2.56; chunking, tekken and other
     tokenizers: --del-alpha's default, 0.1. Each line says what the script wrote."""
     from del_megatron import preflight as pf
-    from del_megatron.weights import DEFAULT_ALPHA
+    from del_megatron.config import DEFAULT_ALPHA
 
     from .test_tokenizers import DEEPSEEK_TOKENIZER, MISTRAL_DATA, QWEN_TIKTOKEN
 

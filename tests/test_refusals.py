@@ -1,4 +1,4 @@
-"""Configurations del_megatron refuses before iteration 1 (del_megatron/megatron/support.py,
+"""Configurations del_megatron refuses before iteration 1 (del_megatron/megatron/refusals.py,
 docs/support.md), and a loss function that sees a loss the hook did not compute."""
 
 import argparse
@@ -9,7 +9,7 @@ import torch
 
 import del_megatron as dm
 from del_megatron import megatron as dmm
-from del_megatron.megatron import lm, loss_func, refusal, support
+from del_megatron.megatron import lm, loss_func, refusals
 
 DIGITS = [str(i) for i in range(10, 20)]
 
@@ -37,14 +37,14 @@ def megatron_args(argv, **flags) -> argparse.Namespace:
 
 
 def one_refusal_line(capsys, call, *args, **kwargs) -> str:
-    """Run a Megatron-LM entry that refuses: it exits with refusal.EXIT_CODE after printing
+    """Run a Megatron-LM entry that refuses: it exits with refusals.EXIT_CODE after printing
     exactly one line, 'del_megatron: refused: ...', to stderr (rank 0 here), and no traceback.
     The line, without its prefix."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as exited:
         call(*args, **kwargs)
     err = capsys.readouterr().err
-    assert exited.value.code == refusal.EXIT_CODE
+    assert exited.value.code == refusals.EXIT_CODE
     assert "Traceback" not in err
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("del_megatron: refused: "), err
@@ -211,7 +211,7 @@ def test_what_is_not_refused(route, flags):
     backward route, per-layer CUDA graphs and the fused impls the hook replaces are fine, GTP of
     the experts only leaves the output layer whole, and output logits asked for in the run's own
     dtype change nothing."""
-    support.check_settings(types.SimpleNamespace(**flags), route)
+    refusals.check_settings(types.SimpleNamespace(**flags), route)
 
 
 def test_an_output_weight_gathered_only_when_its_layer_runs_is_refused_for_logits_free():
@@ -219,16 +219,16 @@ def test_an_output_weight_gathered_only_when_its_layer_runs_is_refused_for_logit
     V/(tp * g) rows, which the logits-free loss would read as the whole shard (and then stop on
     a misleading out-of-vocabulary label assert): refused, as an FSDP-managed weight is."""
     weight = torch.nn.Parameter(torch.zeros(8, 4))
-    support.check_sharded_weight(weight)
+    refusals.check_sharded_weight(weight)
     weight.is_gtp_weight_remat, weight.gtp_remat_size = True, 2
     with pytest.raises(ValueError) as refused:
-        support.check_sharded_weight(weight)
+        refusals.check_sharded_weight(weight)
     for words in ("GTP weight-remat shard", "1/2 shard", "drop --del-logits-free"):
         assert words in str(refused.value), str(refused.value)
     fsdp = torch.nn.Parameter(torch.zeros(8, 4))
     fsdp.__fsdp_param__ = True
     with pytest.raises(ValueError, match="sharded by FSDP"):
-        support.check_sharded_weight(fsdp)
+        refusals.check_sharded_weight(fsdp)
 
 
 def test_a_numerical_loss_run_stops_on_a_loss_the_hook_did_not_compute():
@@ -249,7 +249,7 @@ def test_a_numerical_loss_run_stops_on_a_loss_the_hook_did_not_compute():
     finally:
         dmm.unregister()
     # cfg on the model config (Bridge's, NeMo's way): loss_func finds it through the wrappers
-    config = types.SimpleNamespace(**dmm.config_fields(dm.NumericalLossConfig(vocab=vocab)))
+    config = types.SimpleNamespace(**dm.NumericalLossConfig(vocab=vocab).to_fields())
     wrapped = types.SimpleNamespace(module=types.SimpleNamespace(config=config))
     plain = types.SimpleNamespace(module=types.SimpleNamespace(config=types.SimpleNamespace()))
     dmm.register(None)

@@ -13,7 +13,7 @@ from del_megatron.megatron import resume
 from del_megatron.megatron.resume import Settings, announcements, settings_of_args
 
 IDS = list(range(10, 20))
-STATE_LOGGER = "del_megatron.megatron.state"
+STATE_LOGGER = "del_megatron"
 
 
 def saved(**flags) -> Namespace:
@@ -126,7 +126,7 @@ def checkpointing(monkeypatch):
     module.get_args = lambda: module.run_args
     monkeypatch.setitem(sys.modules, resume.MODULE, module)
     yield module
-    resume.uninstall()
+    dmm.unregister()
 
 
 def test_the_seam_announces_once_after_megatrons_check_and_unregister_restores_it(
@@ -147,7 +147,7 @@ def test_the_seam_announces_once_after_megatrons_check_and_unregister_restores_i
     lines = [r.getMessage() for r in caplog.records if "--del-alpha 0.01 -> 0.1" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("del_megatron: the checkpoint in --load")
     assert checkpointing.check_checkpoint_args is original
-    resume.uninstall()  # idempotent
+    dmm.unregister()  # idempotent
     assert checkpointing.check_checkpoint_args is original
 
 
@@ -163,4 +163,4 @@ def test_register_from_args_installs_the_seam_also_for_stock_ce(checkpointing):
 def test_without_megatron_lm_the_seam_is_a_no_op(monkeypatch):
     monkeypatch.setitem(sys.modules, resume.MODULE, None)  # import raises ImportError
     resume.install()
-    resume.uninstall()
+    dmm.unregister()

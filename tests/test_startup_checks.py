@@ -1,5 +1,5 @@
 """What a Megatron-LM run checks and says once before iteration 1: digit ids given by flag held
-against the run's tokenizer (given_ids.py), --del-* flags without a loss, the startup report."""
+against the run's tokenizer (digit_ids.py), --del-* flags without a loss, the startup report."""
 
 import argparse
 import logging
@@ -162,7 +162,7 @@ def test_a_del_flag_given_at_its_default_without_a_loss_is_refused_too(monkeypat
 
 
 def test_the_startup_report_names_loss_weight_reduction_slot_rule_and_ids(caplog):
-    from del_megatron.megatron.settings import settings_line
+    from del_megatron.megatron.registration import settings_line
 
     chunked = dm.DigitVocab.from_tokenizer(Tokenizer.from_file(str(LLAMA3_TOKENIZER)))
     cfg = dm.NumericalLossConfig(alpha=0.1, vocab=chunked, slot_logits="length")
@@ -202,13 +202,23 @@ def test_a_zero_weight_is_accepted_with_a_note_and_bad_weights_are_refused(caplo
 
 
 def test_bridge_and_nemo_hold_a_vocab_given_against_their_tokenizer(one_digit, caplog):
-    """given_ids.api_vocab, which both enable_numerical_loss calls make."""
-    from del_megatron.megatron.given_ids import api_vocab
+    """digit_ids.resolve_vocab as both enable_numerical_loss calls make it (API names)."""
+    from del_megatron.config import API_NAMES
+    from del_megatron.megatron.digit_ids import resolve_vocab
+
+    def api_vocab(vocab, tokenizer, allow_multi_digit_tokens, slot_rule):
+        return resolve_vocab(
+            tokenizer,
+            vocab,
+            API_NAMES,
+            allow_multi_digit_tokens=allow_multi_digit_tokens,
+            slot_rule=slot_rule,
+        )
 
     tok, vocab = one_digit
     assert api_vocab(vocab, tok, False, None) == vocab
     assert api_vocab(None, tok, False, None) == vocab
-    with pytest.raises(ValueError, match="has one digit a token: drop slot_logits"):
+    with pytest.raises(ValueError, match="one digit a token, or no text .*: drop slot_logits"):
         api_vocab(None, tok, False, "length")
     wrong = dm.DigitVocab([i + 1 for i in vocab.digit_ids], vocab.decimal_point_ids)
     with pytest.raises(ValueError, match="vocab= gives digit ids .* the ids are from another"):

@@ -1,6 +1,6 @@
 """alpha is the weight on the mean term over digit targets under either reduction (docs/DEL.md),
 the ranges a weight and a digit share must lie in, and the check of a given digit share
-against the measured one (share_watch.py)."""
+against the measured one (accounting.py)."""
 
 import argparse
 import logging
@@ -12,7 +12,7 @@ import torch
 
 import del_megatron as dm
 from del_megatron import megatron as dmm
-from del_megatron.megatron.share_watch import ShareWatch
+from del_megatron.megatron.accounting import ShareWatch
 from del_megatron.reference import reference_lm_loss
 
 VOCAB = dm.DigitVocab(range(10), [10])  # ids 0..9 digits, 10 '.', vocab 16
@@ -72,7 +72,7 @@ def test_token_weight():
     "kwargs, error, match",
     [
         (dict(reduction="token"), ValueError, "needs digit_share.*check --data-path"),
-        (dict(digit_share=0.3), ValueError, "digit_share is the token reduction's"),
+        (dict(digit_share=0.3), ValueError, "digit_share is used by reduction='token' only"),
         (dict(reduction="token", digit_share=0.0), ValueError, r"in \(0, 1\]"),
         (dict(reduction="token", digit_share=1.5), ValueError, r"in \(0, 1\]"),
         (dict(reduction="token", digit_share=math.nan), ValueError, r"in \(0, 1\]"),
@@ -107,7 +107,7 @@ IDS = ["--del-digit-token-ids", *map(str, range(10))]
 @pytest.mark.parametrize(
     "flags, match",
     [
-        (["--del-reduction", "token"], "--del-reduction token needs --del-digit-share S"),
+        (["--del-reduction", "token"], "--del-reduction token needs --del-digit-share,"),
         (["--del-digit-share", "0.3"], "--del-digit-share is used by --del-reduction token only"),
         (["--del-reduction", "token", "--del-digit-share", "2"], r"in \(0, 1\]"),
         (["--del-alpha", "nan"], "--del-alpha must be a finite number >= 0"),

@@ -9,9 +9,9 @@ import os
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+from ..config import check_learning_rate, check_weight
 from ..preflight import SENTENCEPIECE
 from ..slots import DEFAULT_SLOT_LOGITS
-from ..weights import check_learning_rate, check_weight
 
 # `--tokenizer chunked`: prepare trains a byte-level BPE that cuts numbers into chunks of up to
 # three digits, with Llama-3's pre-tokenizer (text_tokenizer.train_chunking_bpe).
@@ -33,7 +33,7 @@ def _final_rate(value: Any, name: str) -> float:
 
 def _setting(default, bound: str, help: str = "", rule: Optional[Callable] = None):
     """A numeric setting: an int within `bound`, or a float checked by `rule(value, name)`
-    (del_megatron.weights: a weight, a learning rate)."""
+    (del_megatron.config: a weight, a learning rate)."""
     return field(default=default, metadata={"bound": bound, "help": help, "rule": rule})
 
 

@@ -1,29 +1,26 @@
-"""Megatron glue: the loss hook, Megatron-LM arguments, telemetry, Bridge and NeMo adapters.
+"""Megatron glue: the loss hook, Megatron-LM's flags, Megatron-Bridge and NeMo.
 
 Importing it needs only torch; megatron-core is imported when a hook is registered or a model
 is trained. register() sets up all the state the glue keeps and unregister() removes it.
 
-Modules, each importing only those before it: state (the registration), settings (the settings
-on the model config, read in one place), given_ids, support | records (the parts behind each
-loss), telemetry (report entries), capture (the forward in progress), logits_free,
-share_watch, seams (a Megatron-LM function wrapped in place), resume, interval_means (the
-console's means over digit targets), refusal (one line, not a traceback) | groups (process
-groups), accounting (a step's counts), reduction (token and digit) | loss_func, model_checks,
-hook (the loss method, register) | enable (the one way on) | args, lm (Megatron-LM), bridge,
-nemo, pretrain_gpt_del.
+Modules, by concept: registration (what register() keeps; where a model's settings are read),
+flags (Megatron-LM's), digit_ids (the run's digit ids), hook (the loss method on the model;
+register, enable), capture (the forward in progress), groups (process groups), loss_func (the
+loss function and the weight a step puts on the term), accounting (a step's digit targets),
+telemetry (report entries), refusals (what is refused, and how), logits_free, resume (a --load
+of other settings), and one module per framework: lm (Megatron-LM), bridge, nemo, with
+pretrain_gpt_del (the drop-in script). `python -m tests.test_imports` prints the graph.
 """
 
 from .accounting import DigitAccounting
-from .args import add_arguments, chain_extra_args, config_from_args, digit_vocab_from_args
+from .flags import add_arguments, chain_extra_args, config_from_args, digit_vocab_from_args
 from .hook import is_registered, register, unregister
 from .loss_func import make_loss_func, numerical_loss_func
-from .settings import config_fields
 
 __all__ = [
     "DigitAccounting",
     "add_arguments",
     "chain_extra_args",
-    "config_fields",
     "config_from_args",
     "digit_vocab_from_args",
     "is_registered",

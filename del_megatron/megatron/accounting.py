@@ -14,6 +14,12 @@ scaled so that, after Megatron's own normalisation, the step's loss is
     sum(CE * m) / (Megatron's token normaliser) + alpha * sum(term * m) / N_digits_global
 
 whatever the cut into micro-batches and ranks.
+
+ShareWatch is the token reduction's counterpart: there the weight on the mean term is alpha only
+while the share of loss tokens that are digit targets is the digit share the run was given (it
+is in effect alpha x measured / given). It sums the measured counts on the device, a micro-batch
+at a time, reads them once per log interval, and warns once when the interval's share differs
+from the given one by more than FACTOR either way.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from ..config import NumericalLossConfig
 from ..device import check_on_device
-from ..loss import NumericalLossConfig, digit_term_scale
+from ..loss import digit_term_scale
 from ..numbers import number_layout
 from ..vocab import DigitVocab
-from . import groups, state
+from . import groups
+from . import registration as reg
 
 NO_COUNTS = (
     "DigitAccounting has no counts for this step: pass the data iterator through "
@@ -180,7 +188,6 @@ class DigitAccounting:
         return digit_term_scale(n_tokens, n_digits)
 
     def _counts_on(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(n_tokens, n_digits) on `device`, copied there once per counted step."""
         if self.n_digits.device == device:
             return self.n_tokens, self.n_digits
         if device not in self._on_device:
@@ -189,7 +196,7 @@ class DigitAccounting:
 
     def __enter__(self) -> DigitAccounting:
         """Make this the current registration's step accounting (register() first)."""
-        registration = state.current()
+        registration = reg.current()
         if registration is None:
             raise RuntimeError("register() the numerical loss before entering its accounting")
         self._outer = registration.accounting
@@ -197,14 +204,14 @@ class DigitAccounting:
         return self
 
     def __exit__(self, *exc) -> None:
-        registration = state.current()
+        registration = reg.current()
         if registration is not None and registration.accounting is self:
             registration.accounting = self._outer
 
 
 def active() -> Optional[DigitAccounting]:
     """The current registration's step accounting, if it has one (yet)."""
-    registration = state.current()
+    registration = reg.current()
     return registration.accounting if registration is not None else None
 
 
@@ -234,3 +241,71 @@ def for_model(
         eval_microbatches=eval_microbatches,
         **share,
     )
+
+
+FACTOR = 2.0
+
+MISMATCH = (
+    "del_megatron: --del-digit-share is %g, but %.4g of the loss tokens of the last %d "
+    "micro-batches were digit targets (this rank's data): with --del-reduction token the "
+    "weight on the mean digit term is alpha x %.4g / %g = %.4g, not alpha %g. Pass "
+    "--del-digit-share %.3g (`del-megatron check --data-path` measures the share of the "
+    "datasets), or drop --del-reduction token: the default 'digit' reduction counts the digit "
+    "targets itself"
+)
+
+
+class ShareWatch:
+    """given: the run's digit share; alpha: its weight; microbatches: the micro-batches of one
+    log interval (read when an interval starts); reports: whether this rank logs the warning
+    (one rank of those that compute the loss)."""
+
+    def __init__(
+        self,
+        given: float,
+        alpha: float,
+        microbatches: Callable[[], int],
+        reports: Callable[[], bool],
+    ) -> None:
+        self.given, self.alpha = given, alpha
+        self._microbatches, self._reports = microbatches, reports
+        self._counts: Optional[torch.Tensor] = None
+        self._seen, self._interval = 0, 0
+        self.warned = False
+        self.measured: Optional[float] = None  # the last interval's share, once read
+
+    def observe(self, n_digits: torch.Tensor, n_tokens: torch.Tensor) -> None:
+        """Add one training micro-batch's digit targets and loss tokens (tensors [])."""
+        if self.warned:
+            return
+        if self._seen == 0:
+            self._interval = max(1, int(self._microbatches()))
+        counts = torch.stack([n_digits.detach().double(), n_tokens.detach().double()])
+        self._counts = counts if self._counts is None else self._counts + counts
+        self._seen += 1
+        if self._seen >= self._interval:
+            self._check()
+
+    def _check(self) -> None:
+        digits, tokens = self._counts.tolist()  # the one host read of an interval
+        seen = self._seen
+        self._counts, self._seen = None, 0
+        if tokens < 1:
+            return
+        self.measured = digits / tokens
+        if self.given / FACTOR <= self.measured <= self.given * FACTOR:
+            return
+        self.warned = True
+        if self._reports():
+            effective = self.alpha * self.measured / self.given
+            reg.logger.warning(
+                MISMATCH,
+                self.given,
+                self.measured,
+                seen,
+                self.measured,
+                self.given,
+                effective,
+                self.alpha,
+                self.measured,
+            )

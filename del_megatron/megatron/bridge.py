@@ -30,17 +30,17 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 import torch.distributed as dist
 
-from ..loss import NumericalLossConfig
+from ..config import NumericalLossConfig, field_of
 from ..vocab import DigitVocab
-from ..weights import DEFAULT_ALPHA
-from . import accounting, settings, state
+from . import accounting
+from . import registration as reg
 from .accounting import DigitAccounting
-from .enable import config_of_arguments, enable
 from .groups import process_groups, unwrapped_model
+from .hook import config_of_arguments, enable
 from .lm import counted
 from .logits_free import weight_gradient_of
 from .loss_func import WRAPPED, apply_to_loss
-from .support import check_hybrid_context_parallel, check_logits_free
+from .refusals import check_hybrid_context_parallel, check_logits_free
 
 __all__ = [
     "enable_numerical_loss",
@@ -84,7 +84,6 @@ def _recipe_tokenizer(target: Any) -> Any:
 
 
 def _null_tokenizer(target: Any) -> bool:
-    """Whether a ConfigContainer's TokenizerConfig names Megatron's NullTokenizer (no text)."""
     config = getattr(target, "tokenizer", None)
     return getattr(config, "tokenizer_type", None) == "NullTokenizer"
 
@@ -98,37 +97,26 @@ def enable_numerical_loss(
     target: Any,
     tokenizer: Any = None,
     *,
-    loss: str = "del",
-    alpha: float = DEFAULT_ALPHA,
-    reduction: str = "digit",
-    digit_share: Optional[float] = None,
-    slot_logits: Optional[str] = None,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
     logits_free: Union[bool, str] = False,
+    **settings: Any,
 ) -> NumericalLossConfig:
-    """Turn the numerical loss on for a Bridge model provider instance, a Bridge ModelConfig or
-    a recipe's ConfigContainer, and register the loss hook. Returns the NumericalLossConfig.
+    """Turn the numerical loss on for a Bridge model provider, a Bridge ModelConfig or a
+    recipe's ConfigContainer (`target`), and register the loss hook; returns the
+    NumericalLossConfig.
 
-    The digit ids come from `vocab`, else from `tokenizer` (a Bridge/Megatron, Hugging Face,
-    SentencePiece or tiktoken tokenizer, or a tokenizer file), else from the ConfigContainer's
-    own TokenizerConfig. A tokenizer that merges digits is refused (allow_multi_digit_tokens=True
-    applies DEL to single-digit tokens only). A chunking tokenizer (Llama-3) gets DEL on its
-    single-digit tokens, or with slot_logits ("length", "any": docs/DEL.md) on every digit of its
-    multi-digit tokens too. A vocab given is held against the tokenizer when there is one.
-    Settings del_megatron cannot train with (a fused cross-entropy that bypasses the loss
-    hook, full-iteration CUDA graphs, the combined 1F1B schedule; with logits_free, deferred
-    embedding wgrad, Megatron-FSDP or torch FSDP2 on a ConfigContainer's ddp or dist, fp16 with
-    the "forward" route) are refused here, before
-    training (support.py).
-
-    With reduction="digit", pass Bridge's forward step through `numerical_forward_step`: it
-    counts each step's digit targets (over all micro-batches and data-parallel ranks) on the
-    first batch of the step. loss="ce" records the settings (the A/B baseline with the same
-    telemetry) and computes plain cross-entropy. logits_free=True computes the same loss from
-    the output layer's input, without the [s, b, V/tp] logits (megatron-core >= 0.18); a route
-    name ("auto", "forward", "backward") also picks where the weight gradient is formed
-    (numerical_linear_loss's weight_gradient; True is "auto").
+    settings: NumericalLossConfig's keyword arguments (loss, alpha, reduction, digit_share,
+    slot_logits, ignore_index), with its defaults. tokenizer: the run's (Bridge/Megatron, Hugging
+    Face, SentencePiece, tiktoken, or a tokenizer file; default: the ConfigContainer's own); the
+    digit ids are read from it, or `vocab` is held against it. A chunking tokenizer (Llama-3)
+    gets the term on its single-digit tokens, or with slot_logits on every digit of its
+    multi-digit tokens; allow_multi_digit_tokens accepts a tokenizer that merges digits another
+    way. logits_free: True, or a weight-gradient route ("auto", "forward", "backward"): the same
+    loss from the output layer's input, without the [s, b, V/tp] logits (megatron-core >= 0.18).
+    Settings del_megatron cannot train with are refused here, before training (refusals.py,
+    docs/support.md). With the "digit" reduction, pass `numerical_forward_step` to pretrain():
+    it counts each step's digit targets over its micro-batches and data-parallel ranks.
     """
     config = model_config_of(target)
     if tokenizer is None and (vocab is None or not _null_tokenizer(target)):
@@ -138,9 +126,7 @@ def enable_numerical_loss(
             "enable_numerical_loss needs the digit ids: pass the run's tokenizer, "
             "vocab=DigitVocab(...), or the recipe's ConfigContainer (its tokenizer is used)"
         )
-    cfg = config_of_arguments(
-        loss, alpha, reduction, digit_share, slot_logits, vocab, tokenizer, allow_multi_digit_tokens
-    )
+    cfg = config_of_arguments(tokenizer, vocab, allow_multi_digit_tokens, settings)
     vocab = cfg.vocab
     size = _vocab_size(config)
     if size is not None:
@@ -233,9 +219,9 @@ def _check_enabled(model: Any) -> None:
     for, but neither register(cfg) nor the model's own config names a loss (typically DEL
     fields set on a Bridge ModelConfig, which GPTModel never sees, or a provider copied with
     dataclasses.replace, which drops the settings)."""
-    registration = state.current()
-    if registration is None or settings.of_model(unwrapped_model(model)) is None:
-        missing = f"no {settings.FIELD_LOSS} on model.config"
+    registration = reg.current()
+    if registration is None or reg.of_model(unwrapped_model(model)) is None:
+        missing = f"no {field_of('loss')} on model.config"
         where = "not registered" if registration is None else missing
         raise RuntimeError(
             f"numerical_forward_step: the numerical loss is off for this model ({where}); turn "

@@ -184,7 +184,6 @@ def unwrap_forwards() -> None:
 
 
 def _forward_owner(cls: type) -> Optional[type]:
-    """The class in cls's MRO that defines the forward its instances run."""
     return next((c for c in cls.__mro__ if "forward" in vars(c)), None)
 
 

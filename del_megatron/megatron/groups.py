@@ -12,7 +12,7 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import state
+from . import registration as reg
 
 
 def unwrapped_model(model: Any) -> Any:
@@ -91,7 +91,7 @@ def cp_split(module: Any, params: Any) -> Tuple[Optional[dist.ProcessGroup], str
     (register's cp_balancing)."""
     local_cp_size = getattr(params, "local_cp_size", None)
     if local_cp_size is None:
-        registration = state.current()
+        registration = reg.current()
         balancing = registration.cp_balancing if registration is not None else "document"
         return model_cp_group(module), balancing
     group = getattr(params, "cp_group", None) if local_cp_size > 1 else None

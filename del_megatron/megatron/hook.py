@@ -1,4 +1,6 @@
-"""Route Megatron-Core's LanguageModule.compute_language_model_loss through del_megatron's loss.
+"""Route Megatron-Core's LanguageModule.compute_language_model_loss through del_megatron's loss,
+and turn it on: register() / unregister(), and enable(), the one path Megatron-LM,
+Megatron-Bridge and NeMo take.
 
 GPTModel, its MTP head and hybrid models all compute their loss with that method (same signature
 from core 0.13 to main), so replacing it on the base class covers them, even in modules that
@@ -6,46 +8,33 @@ imported GPTModel before register() ran. The loss runs over the model's process 
 (groups.py) with what the forward in progress captured (capture.py): packed documents, hybrid
 CP's split, which head is the main one. With logits_free (logits_free.py) the forward also gets
 an output_processor that computes the same loss from the output layer's input, without the
-logits. Each loss is recorded (records.py) for the loss function, which completes its reduction
-(reduction.py) and reports it (telemetry.py). register() sets up everything the glue keeps
-(state.Registration); unregister() undoes it.
+logits. Each loss is recorded (registration.record) for the loss function, which sets the
+step's weight on the term and reports it (loss_func.py).
+
+Megatron-LM (lm.register_from_args) registers the run's NumericalLossConfig before any model
+exists and checks each model's config once the model provider has built it. Bridge and NeMo
+have the model config first: `enable(..., model_config=...)` checks it, records the settings on
+it and registers the hook to read them from there.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
 
+from ..config import API_NAMES, NumericalLossConfig, unused_weight_settings
 from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
-from ..loss import LossParts, NumericalLossConfig, loss_parts, numerical_linear_loss
+from ..loss import LossParts, loss_parts, numerical_linear_loss
 from ..sequence import check_balancing
-from . import (
-    capture,
-    groups,
-    interval_means,
-    model_checks,
-    records,
-    reduction,
-    refusal,
-    resume,
-    settings,
-    state,
-    support,
-    telemetry,
-)
+from ..vocab import DigitVocab
+from . import capture, groups, loss_func, refusals, telemetry
 from . import logits_free as lf
+from . import registration as reg
+from .digit_ids import resolve_vocab
 
 _MARKER = "_del_megatron_original"  # on LanguageModule: the original loss method
-
-
-def _check_digit_ids(cfg: NumericalLossConfig) -> None:
-    if cfg.vocab is None and cfg.loss != "ce":
-        raise ValueError(
-            f"numerical loss {cfg.loss!r} has no digit ids: set {settings.FIELD_DIGITS} on the "
-            "model config, or pass cfg=NumericalLossConfig(vocab=...) to register()"
-        )
 
 
 def _recorded_loss(
@@ -55,19 +44,19 @@ def _recorded_loss(
     module: Any,
     cp_group: Optional[dist.ProcessGroup],
 ) -> torch.Tensor:
-    """[b, s] the model's loss (reduction.model_loss), recorded for the loss function, which
-    has the loss mask and the step's counts for the rest of the "digit" reduction. The main
+    """[b, s] the model's loss (loss_func.model_loss), recorded with its parts for the loss
+    function, which has the loss mask and the step's counts the "digit" reduction needs. The main
     head's record carries the entries of the forward's MTP heads (their losses never reach
     the loss function); cp_group: the context-parallel group the loss split its sequences over
     (None: whole on this rank)."""
-    loss = reduction.model_loss(parts, cfg)
+    loss = loss_func.model_loss(parts, cfg)
     cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
     mtp = capture.mtp_heads()
     if capture.is_main_head(labels):
-        records.record(loss, parts, cfg, cp_size, None if mtp is None else mtp.entries)
-        reduction.expect_reduction(loss, cfg)
+        reg.record(loss, parts, cfg, cp_size, None if mtp is None else mtp.entries)
+        loss_func.expect_reduction(loss, cfg)
     else:
-        records.record(loss, parts, cfg, cp_size)
+        reg.record(loss, parts, cfg, cp_size)
         if mtp is not None:  # an MTP head of the forward in progress
             depth, mask = mtp.next_head(module, labels)
             mtp.entries.update(telemetry.mtp_entries(depth, mask, parts, cp_size))
@@ -75,23 +64,21 @@ def _recorded_loss(
 
 
 def _check_model_once(module: Any) -> None:
-    """model_checks.check_model_once, a refusal as one line where the registration asks so."""
-    registration = state.current()
+    registration = reg.current()
     if registration is not None and registration.one_line_refusals:
-        refusal.one_line(model_checks.check_model_once)(module)
+        refusals.one_line(refusals.check_model_once)(module)
     else:
-        model_checks.check_model_once(module)
+        refusals.check_model_once(module)
 
 
 def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """[b, s] per-token loss: CE + alpha * numerical term (docs/DEL.md "token" form)."""
-    cfg = settings.of_model(self)
+    """[b, s] the token form CE_t + token_weight * term_t (loss_func.model_loss)."""
+    cfg = reg.of_model(self)
     original = getattr(capture.language_module(), _MARKER)
     if cfg is None:
         return original(self, labels, logits)
     _check_model_once(self)
     capture.check_captured(self)
-    _check_digit_ids(cfg)
     cp_group, cp_balancing = groups.cp_split(self, capture.packed_seq_params())
     parts = loss_parts(
         labels,
@@ -121,7 +108,7 @@ def _logits_spent_by_the_loss(module, labels: torch.Tensor, logits: torch.Tensor
         return False
     if torch.nn.modules.module._global_forward_hooks:
         return False
-    state.log_once(
+    reg.log_once(
         "fp32_logits_in_place",
         "del_megatron: fp32 logits: the loss writes their gradient over them (in place), as "
         "Megatron's cross-entropy does",
@@ -137,7 +124,7 @@ def _before_forward(
     _check_model_once(module)
     if arguments.get("labels") is None or arguments.get("output_processor") is not None:
         return kwargs
-    if settings.of_model(module) is None or lf.route_of(module) is None:
+    if reg.of_model(module) is None or lf.route_of(module) is None:
         return kwargs
     lf.check_model_supports(module, takes_output_processor)
     return {**kwargs, "output_processor": _logits_free_loss, "output_processor_context": module}
@@ -158,9 +145,8 @@ def _logits_free_loss(
     weight shard, chunked over tokens; no [s, b, V/tp] logits. loss_mask [b, s] (what loss_func
     weighs each token's loss by) lets the gradients be formed in forward."""
     module = context
-    cfg = settings.of_model(module)
-    _check_digit_ids(cfg)
-    support.check_logit_dtype(lf.logit_dtype(module, output_layer), hidden_states.dtype)
+    cfg = reg.of_model(module)
+    refusals.check_logit_dtype(lf.logit_dtype(module, output_layer), hidden_states.dtype)
     lf.run_forward_pre_hooks(output_layer, hidden_states)
     weight = lf.output_weight(output_layer, output_weight)
     tp_group = groups.model_tp_group(module)
@@ -169,7 +155,7 @@ def _logits_free_loss(
     asked = lf.route_of(module)
     tokens, hidden_size = labels.numel(), hidden_states.size(-1)
     route = resolve_weight_gradient(asked, tokens, weight.size(0), hidden_size, hidden_states.dtype)
-    state.log_once(
+    reg.log_once(
         f"logits_free_{route}",
         "del_megatron: logits-free loss; the output layer's gradients take the '%s' route "
         "(asked: %s; %d tokens, h %d, %d vocab columns on this rank)",
@@ -205,22 +191,22 @@ def register(
     logits_free: Union[bool, str] = False,
     cp_balancing: str = "document",
 ) -> None:
-    """Route every LanguageModule's loss through del_megatron. Calling it again replaces the
-    settings (and forgets what the previous registration kept).
+    """Route every LanguageModule's loss through del_megatron (Megatron's own methods are kept
+    to restore: unregister()). Calling it again replaces the registration.
 
-    cfg=None reads the settings from each model's config fields (settings.py: numerical_loss,
-    del_alpha, ...); a model whose config names no loss keeps Megatron's own loss. Frameworks
-    turn the loss on through enable.enable(), which calls this. step_accounting: model ->
-    DigitAccounting, called on the first training step (lm.counted) for a step-wide "digit"
-    reduction; the process groups it needs exist by then. logits_free: GPTModel computes the
-    loss of calls with labels from the output layer's input, never forming the logits (needs
-    megatron-core >= 0.18; refused here otherwise); a route name ("auto", "forward",
-    "backward") also picks where the weight gradient is formed (numerical_linear_loss's
-    weight_gradient; True is "auto"). A model config can ask for it with the field
-    del_logits_free instead. cp_balancing: how the run's data pipeline cuts a packed (THD)
-    batch over the context-parallel ranks: "document" (Megatron's default: each document in
-    2 * cp chunks) or "sequence" (the whole packed sequence in 2 * cp chunks, as Megatron-LM
-    core 0.19's get_batch does under --dataloader-inter-document-masking without --sft).
+    Args:
+        cfg: the loss of every model; None: each model's config fields say
+            (NumericalLossConfig.from_fields), and a model whose config names no loss keeps
+            Megatron's own.
+        step_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on
+            the first training step (lm.counted), when the process groups exist.
+        logits_free: True, or a weight-gradient route ("auto", "forward", "backward"): GPTModel
+            computes the loss of calls with labels from the output layer's input, without the
+            logits (megatron-core >= 0.18, refused otherwise). A model config's del_logits_free
+            field asks for it too.
+        cp_balancing: how the data pipeline cuts a packed (THD) batch over context-parallel
+            ranks: "document" (Megatron's default) or "sequence" (Megatron-LM core 0.19's
+            --dataloader-inter-document-masking without --sft).
     """
     check_balancing(cp_balancing)
     if cfg is not None and not isinstance(cfg, NumericalLossConfig):
@@ -232,17 +218,17 @@ def register(
         setattr(module, _MARKER, module.compute_language_model_loss)
         module.compute_language_model_loss = _compute_language_model_loss
     capture.wrap_forwards(_before_forward)
-    registration = state.Registration(
+    registration = reg.Registration(
         cfg=cfg,
         make_accounting=step_accounting,
         logits_free=logits_free,
         cp_balancing=cp_balancing,
     )
-    state.begin(registration)
+    reg.begin(registration)
     if cfg is not None and (cfg.loss != "ce" or cfg.vocab is not None):
-        state.log_once("settings", settings.settings_line(cfg))
+        reg.log_once("settings", reg.settings_line(cfg))
     if cfg is not None and cfg.loss != "ce" and cfg.alpha == 0:
-        state.log_once(
+        reg.log_once(
             "zero weight",
             "del_megatron: alpha is 0: the %s term is computed (it costs its time) and adds "
             "nothing to the loss; --numerical-loss ce trains the same loss, with the same digit "
@@ -259,10 +245,72 @@ def unregister() -> None:
         module.compute_language_model_loss = getattr(module, _MARKER)
         delattr(module, _MARKER)
     capture.unwrap_forwards()
-    resume.uninstall()
-    interval_means.uninstall()
-    state.end()
+    reg.end()
 
 
 def is_registered() -> bool:
     return hasattr(capture.language_module(), _MARKER)
+
+
+def config_of_arguments(
+    tokenizer: Any,
+    vocab: Optional[DigitVocab],
+    allow_multi_digit_tokens: bool,
+    settings: Mapping[str, Any],
+) -> NumericalLossConfig:
+    """The NumericalLossConfig of Bridge's and NeMo's enable_numerical_loss: `settings` are its
+    keyword arguments (loss, alpha, reduction, digit_share, slot_logits, ignore_index), the
+    digit ids are `vocab` (held against `tokenizer` when there is one) or the tokenizer's
+    (digit_ids.resolve_vocab). With loss "ce" the weight settings given are said unused."""
+    vocab = resolve_vocab(
+        tokenizer,
+        vocab,
+        API_NAMES,
+        allow_multi_digit_tokens=allow_multi_digit_tokens,
+        slot_rule=settings.get("slot_logits"),
+    )
+    cfg = NumericalLossConfig(vocab=vocab, **settings)
+    line = unused_weight_settings(cfg.loss, settings)
+    if line:
+        reg.log_once("unused weight settings", "%s", line)
+    return cfg
+
+
+def enable(
+    cfg: NumericalLossConfig,
+    *,
+    model_config: Any = None,
+    logits_free: Union[bool, str] = False,
+    framework_checks: Optional[Callable[[], None]] = None,
+    step_accounting: Optional[Callable[[Any], Any]] = None,
+    cp_balancing: str = "document",
+    loss_func_required: bool = False,
+    share_watch: Any = None,
+) -> reg.Registration:
+    """Register the loss hook for `cfg` and return the new registration.
+
+    model_config: the model's config (Bridge, NeMo): checked, then `framework_checks()` (the
+    framework's own refusals), then the settings and the logits-free choice are recorded on it
+    and the hook reads them from there (register(None)). Without it (Megatron-LM) the hook
+    computes every model's loss with `cfg` and logits_free. step_accounting: model ->
+    DigitAccounting for a step-wide "digit" reduction (accounting.for_model). loss_func_required:
+    the run's loss function must be ours (it applies the "digit" reduction:
+    loss_func.expect_reduction). share_watch: the token reduction's check of the given digit
+    share (accounting.ShareWatch)."""
+    if model_config is not None:
+        refusals.check_model_config(model_config, lf.weight_gradient_of(logits_free))
+        if framework_checks is not None:
+            framework_checks()
+        cfg.record_on(model_config)
+        lf.set_on_model_config(model_config, logits_free)
+        register(None, step_accounting=step_accounting, cp_balancing=cp_balancing)
+    else:
+        if framework_checks is not None:
+            framework_checks()
+        register(
+            cfg, step_accounting=step_accounting, logits_free=logits_free, cp_balancing=cp_balancing
+        )
+    registration = reg.current()
+    registration.loss_func_required = loss_func_required
+    registration.share_watch = share_watch
+    return registration

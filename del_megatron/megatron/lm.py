@@ -4,18 +4,27 @@
   decide it.
 - `register_from_args(args, tokenizer)`: the parsed flags and the run's tokenizer -> the loss,
   registered before training starts (a tokenizer without single-digit tokens stops the run
-  there; a refusal is one line on rank 0, refusal.py), and Megatron-LM's console means of the
-  digit entries taken over digit targets (interval_means.py). With --del-reduction digit it
+  there; a refusal is one line on rank 0, refusals.py), and Megatron-LM's console means of the
+  digit entries taken over digit targets (the interval means below). With --del-reduction digit it
   also registers how to make the step accounting, which happens on the first training step,
   once the process groups exist.
 - `counted(data_iterator, model)`: forward_step's iterator, counted a step at a time for the
   step-wide "digit" reduction (unchanged otherwise).
 - `wrap_model_provider` (core <= 0.17's pretrain(extra_args_provider=...)): registers from the
-  flags once Megatron has built the tokenizer, and records the settings on the model config.
+  flags once Megatron has built the tokenizer, and checks each model config it builds.
 - `install(pretrain_gpt)` (the drop-in): wraps the module's loss_func and forward_step, once
   (also over a pretrain_gpt.py our patch already wrapped).
 - `help_with_flags(extra)`: `--help` lists the DEL flags (inprocess_restart parses first).
 - `destroy_process_groups()`: after pretrain() returns, so that the process exits cleanly.
+
+The console's means (IntervalMeans): Megatron-LM's training_log prints the mean of each entry's
+per-step values over the log interval, where a step without digit targets would count as a 0 in
+`digit acc`. install_interval_means() wraps it (core_v0.16.1 to core_v0.19.0 alike) so that each
+entry over digit targets is weighted by each step's digit targets (`digit tokens` x the step's
+micro-batches x DP), and, on iterations where this rank writes TensorBoard or W&B, a step
+without digit targets writes none of them (instead of a 0). Other entries keep Megatron's mean
+over iterations. Nothing is read on the host but on those writing iterations, where Megatron-LM
+reads every entry itself.
 """
 
 from __future__ import annotations
@@ -24,27 +33,20 @@ import argparse
 import functools
 import re
 import sys
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from ..loss import NumericalLossConfig
-from . import accounting, interval_means, refusal, resume, state
-from . import args as flags
-from .accounting import DigitAccounting
-from .args import (
-    chain_extra_args,
-    check_flags_need_a_loss,
-    config_from_args,
-    say_unused_weight_flags,
-)
-from .enable import check_and_record, enable
+from ..config import NumericalLossConfig
+from . import accounting, flags, refusals, resume
+from . import registration as reg
+from .accounting import DigitAccounting, ShareWatch
+from .flags import chain_extra_args
 from .groups import process_groups, unwrapped_model
+from .hook import enable
 from .logits_free import weight_gradient_of
 from .loss_func import WRAPPED, make_loss_func
-from .share_watch import ShareWatch
-from .support import check_settings
 
 # What the patched pretrain_gpt.py uses (one import: `from del_megatron.megatron import lm`).
 __all__ = [
@@ -69,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     the parser has parsed them (args.check_flags): a refusal is one line on rank 0 before
     Megatron-LM validates and prints its arguments."""
     flags.add_arguments(parser)
-    refusal.check_when_parsed(parser, flags.check_flags)
+    refusals.check_when_parsed(parser, flags.check_flags)
     return parser
 
 
@@ -101,12 +103,11 @@ def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> D
 
 
 def _evaluating(model: Any) -> bool:
-    """Whether Megatron runs `model` (a chunk, or the list of them) in an evaluation step."""
     inner = unwrapped_model(model)
     return isinstance(inner, torch.nn.Module) and not inner.training
 
 
-def _current_accounting(registration: state.Registration, model: Any) -> Optional[DigitAccounting]:
+def _current_accounting(registration: reg.Registration, model: Any) -> Optional[DigitAccounting]:
     """The registration's step accounting, made on first use and made again when the model's
     process groups are no longer the ones it holds (an in-process restart destroys and remakes
     them; the iterators counted with the old ones are forgotten)."""
@@ -138,7 +139,7 @@ def counted(
     accounting does not know it (Bridge's is in its state). An iterator this function returned
     comes back unchanged, so stacked calls (the drop-in over a patched pretrain_gpt.py) count a
     step once."""
-    registration = state.current()
+    registration = reg.current()
     if registration is None:
         return data_iterator
     if data_iterator is not None and registration.produced.get(id(data_iterator)) is data_iterator:
@@ -166,22 +167,22 @@ def counted(
     return known[1]
 
 
-@refusal.one_line
+@refusals.one_line
 def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfig]:
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
     (None, and nothing registered, without --numerical-loss and --del-logits-free: stock
     Megatron-LM). --numerical-loss ce registers the control arm: cross-entropy and the digit
     entries. Flags del_megatron cannot train with are refused here, before any model exists
-    (support.py), in one line on rank 0 and an exit (refusal.py)."""
+    (refusals.py), in one line on rank 0 and an exit."""
     resume.install()  # a --load of other numerical-loss settings is announced (resume.py)
-    check_flags_need_a_loss(args)
-    say_unused_weight_flags(args)
+    flags.check_flags_need_a_loss(args)
+    flags.say_unused_weight_flags(args)
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss is None and not logits_free:
         return None
-    check_settings(args, weight_gradient_of(logits_free))
-    cfg = config_from_args(args, tokenizer)
-    interval_means.install()  # the console's digit entries: means over digit targets
+    refusals.check_settings(args, weight_gradient_of(logits_free))
+    cfg = flags.config_from_args(args, tokenizer)
+    install_interval_means()  # the console's digit entries: means over digit targets
     numerical = cfg.loss != "ce"
     digit_steps = numerical and cfg.reduction == "digit"
     registration = enable(
@@ -234,19 +235,19 @@ def destroy_process_groups() -> None:
 
 def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokenizer: Callable):
     """model_provider(*a, **kw) that first configures and registers the numerical loss (the
-    tokenizer exists by then) and then checks the model config and records the settings on it."""
+    tokenizer exists by then) and then checks the model config (refusals.check_model_config)."""
 
     @functools.wraps(model_provider)
     def provider(*args, **kwargs):
-        registration = state.current()
+        registration = reg.current()
         cfg = registration.cfg if registration is not None else None
         if cfg is None:  # once per run (virtual pipeline stages call the provider per chunk)
             cfg = register_from_args(get_args(), get_tokenizer())
         model = model_provider(*args, **kwargs)
         if cfg is not None:
-            registration = state.current()
+            registration = reg.current()
             route = weight_gradient_of(registration.logits_free) if registration else None
-            refusal.one_line(check_and_record)(model.config, cfg, route)
+            refusals.one_line(refusals.check_model_config)(model.config, route)
         return model
 
     return provider
@@ -292,3 +293,106 @@ def help_with_flags(extra_args_provider: Callable, argv: Optional[list] = None) 
             action.help = _BARE_PERCENT.sub(lambda m: m[0] if len(m[0]) > 1 else "%%", action.help)
     parser.print_help()
     sys.exit(0)
+
+
+TRAINING_MODULE = "megatron.training.training"
+TRAINING_LOG = "training_log"
+ADVANCED = "advanced iterations"
+DIGIT_TOKENS = "digit tokens"
+# Entries averaged over the digit targets of the main head (their count is `digit tokens`).
+DIGIT_ENTRIES = ("digit acc", "digit entropy", "digit target prob", "digit distance")
+
+
+def weighted_entries(keys, loss: str, reduction: str) -> List[Tuple[str, str]]:
+    """(entry, the entry counting its weight) for each of `keys` averaged over digit targets:
+    the main head's over `digit tokens`, MTP head k's over `mtp_k digit tokens`."""
+    main = set(DIGIT_ENTRIES) | {f"{loss} term"}
+    if reduction == "digit":
+        main.add(f"{loss} weight")
+    pairs = []
+    for key in keys:
+        if key in main:
+            pairs.append((key, DIGIT_TOKENS))
+        elif key.startswith("mtp_") and key.endswith((" digit acc", " digit entropy")):
+            pairs.append((key, key.split(" ")[0] + " " + DIGIT_TOKENS))
+    return [(key, weight) for key, weight in pairs if weight in keys]
+
+
+class IntervalMeans:
+    """Running sums over a log interval: entry -> (sum of value x digit targets, of targets)."""
+
+    def __init__(self) -> None:
+        self.sums: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def add(self, key: str, value: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Add one step's value (its mean over `weight` digit targets); the interval's mean."""
+        total, count = self.sums.get(key, (0.0, 0.0))
+        total, count = total + value.float() * weight, count + weight
+        self.sums[key] = (total, count)
+        return torch.where(count > 0, total / torch.clamp(count, min=1e-30), 0.0)
+
+    def clear(self) -> None:
+        self.sums.clear()
+
+
+def _microbatches_over_dp() -> int:
+    """The count Megatron-LM's `digit tokens` has for a step: one for each micro-batch of each
+    data-parallel rank (its CP ranks count 1 / cp each), so value x this = the digit targets."""
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    return get_num_microbatches() * parallel_state.get_data_parallel_world_size()
+
+
+def _writes_events(iteration: int) -> bool:
+    from megatron.training.global_vars import get_args, get_tensorboard_writer
+
+    interval = getattr(get_args(), "tensorboard_log_interval", 1) or 1
+    return get_tensorboard_writer() is not None and iteration % interval == 0
+
+
+def _wrap(training_log: Callable, means: IntervalMeans) -> Callable:
+    import inspect
+
+    signature = inspect.signature(training_log)
+
+    @functools.wraps(training_log)
+    def logged(*args: Any, **kwargs: Any):
+        registration = reg.current()
+        cfg = registration.cfg if registration is not None else None
+        if cfg is None or cfg.vocab is None:
+            return training_log(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        loss_dict = bound.arguments["loss_dict"]
+        totals = bound.arguments["total_loss_dict"]
+        pairs = weighted_entries(list(loss_dict), cfg.loss, cfg.reduction)
+        if pairs and not bound.arguments.get("skipped_iter"):
+            per_step = _microbatches_over_dp()
+            advanced = totals.get(ADVANCED, 0) + 1
+            for key in loss_dict:  # the console line keeps the report's order
+                if key not in totals:
+                    totals[key] = torch.zeros_like(loss_dict[key], dtype=torch.float)
+            empty = set()  # counts without digit targets, read where events are written
+            if _writes_events(bound.arguments["iteration"]):
+                empty = {w for _, w in pairs if float(loss_dict[w]) * per_step < 0.5}
+            for key, weight_key in pairs:
+                mean = means.add(key, loss_dict[key], loss_dict[weight_key] * per_step)
+                # training_log prints total / advanced, having added the step's value to the
+                # total, unless the entry is gone from the step's report (then no event either)
+                if weight_key in empty:
+                    del loss_dict[key]
+                    totals[key] = mean * advanced
+                else:
+                    totals[key] = mean * advanced - loss_dict[key]
+        result = training_log(*bound.args, **bound.kwargs)
+        if not totals.get(ADVANCED, 0):  # training_log printed and reset its totals
+            means.clear()
+        return result
+
+    return logged
+
+
+def install_interval_means() -> None:
+    """Wrap Megatron-LM's training_log until unregister() (a no-op without Megatron-LM).
+    Idempotent."""
+    reg.wrap_in_place(TRAINING_MODULE, TRAINING_LOG, lambda log, _: _wrap(log, IntervalMeans()))

@@ -20,7 +20,8 @@ from typing import Any, Optional, Union
 import torch
 
 from ..kernels.linear import WEIGHT_GRADIENTS, WeightGradientSink
-from . import capture, state
+from . import capture
+from . import registration as reg
 
 MIN_CORE = (0, 18)
 FIELD_LOGITS_FREE = "del_logits_free"
@@ -180,7 +181,7 @@ def route_of(model: Any) -> Optional[str]:
     """The weight-gradient route of `model`'s logits-free loss: the current registration's
     setting (first) or `model`'s config field; None when neither asks for it (or nothing is
     registered)."""
-    registration = state.current()
+    registration = reg.current()
     if registration is None:
         return None
     route = weight_gradient_of(registration.logits_free)

@@ -25,13 +25,12 @@ from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
-from ..loss import NumericalLossConfig
+from ..config import NumericalLossConfig
 from ..vocab import DigitVocab
-from ..weights import DEFAULT_ALPHA
-from .enable import config_of_arguments, enable
-from .given_ids import tokenizer_vocab
+from . import registration as reg
+from .digit_ids import tokenizer_vocab
+from .hook import config_of_arguments, enable
 from .loss_func import check_recorded, reduce_recorded
-from .records import find
 from .telemetry import report_entries
 
 TELEMETRY_PREFIX = "del/"
@@ -67,7 +66,7 @@ def numerical_loss_reduction(reduction_cls: type) -> type:
         def forward(self, batch, forward_out):
             if isinstance(forward_out, tuple):  # a (losses, mask) pair: not the hook's
                 return super().forward(batch, forward_out)
-            rec = find(forward_out)
+            rec = reg.find(forward_out)
             if rec is None:  # not computed by del_megatron: stops a numerical-loss run
                 check_recorded(rec, self.numerical_loss)
                 return super().forward(batch, forward_out)
@@ -117,39 +116,30 @@ def enable_numerical_loss(
     model: Any,
     tokenizer: Any = None,
     *,
-    loss: str = "del",
-    alpha: float = DEFAULT_ALPHA,
-    reduction: str = "digit",
-    digit_share: Optional[float] = None,
-    slot_logits: Optional[str] = None,
     vocab: Optional[DigitVocab] = None,
     allow_multi_digit_tokens: bool = False,
     logits_free: Union[bool, str] = False,
+    **settings: Any,
 ) -> NumericalLossConfig:
     """Turn the numerical loss on for a NeMo 2 `llm.GPTModel` (or any LightningModule with a
     TransformerConfig `config` and NeMo's `training_loss_reduction` / `validation_loss_reduction`
-    properties): the settings go on `model.config` (which Megatron-Core's GPTModel reads) as
-    plain attributes, both loss reductions become the DEL ones (logging through `model.log`),
-    and the loss hook is registered. Digit ids come from `vocab`, else `tokenizer`, else
-    `model.tokenizer` (NeMo's tokenizers wrap a Hugging Face or SentencePiece one);
-    a chunking tokenizer gets DEL on its single-digit tokens, or with slot_logits ("length",
-    "any": docs/DEL.md) on every digit of its multi-digit tokens too. A vocab given is held
-    against the tokenizer when there is one.
+    properties); returns the NumericalLossConfig. The settings go on `model.config` as plain
+    attributes, both loss reductions become the DEL ones (logging through `model.log`), and the
+    loss hook is registered.
 
-    The "digit" reduction here averages the term over each micro-batch's digit targets (NeMo
-    normalises each micro-batch by its own token count); the step-wide accounting is Bridge's
-    and Megatron-LM's. logits_free=True computes the same loss from the output layer's input,
-    without the [s, b, V/tp] logits (megatron-core >= 0.18); a route name ("auto", "forward",
-    "backward") also picks where the weight gradient is formed (True is "auto")."""
+    settings: NumericalLossConfig's keyword arguments (loss, alpha, reduction, digit_share,
+    slot_logits, ignore_index), with its defaults. Digit ids come from `vocab`, else
+    `tokenizer`, else `model.tokenizer`, as in Bridge's enable_numerical_loss, which also says
+    what allow_multi_digit_tokens and logits_free do. The "digit" reduction here averages the
+    term over each micro-batch's digit targets (NeMo normalises each micro-batch by its own
+    token count); the step-wide accounting is Bridge's and Megatron-LM's."""
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if vocab is None and tokenizer is None:
         raise ValueError("enable_numerical_loss needs the tokenizer or vocab=DigitVocab(...)")
     inner = getattr(tokenizer, "tokenizer", None)  # NeMo's AutoTokenizer / SentencePiece
     if inner is not None and tokenizer_vocab(tokenizer, True) is None:
         tokenizer = inner  # the library tokenizer NeMo's wraps
-    cfg = config_of_arguments(
-        loss, alpha, reduction, digit_share, slot_logits, vocab, tokenizer, allow_multi_digit_tokens
-    )
+    cfg = config_of_arguments(tokenizer, vocab, allow_multi_digit_tokens, settings)
     from nemo.lightning.megatron_parallel import MaskedTokenLossReduction
 
     reduction_cls = numerical_loss_reduction(MaskedTokenLossReduction)

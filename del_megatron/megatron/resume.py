@@ -19,8 +19,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..loss import NumericalLossConfig
-from . import seams, state
+from .. import config
+from ..config import NumericalLossConfig
+from . import registration as reg
 
 MODULE = "megatron.training.checkpointing"
 FUNCTION = "check_checkpoint_args"
@@ -30,14 +31,10 @@ MIGRATION = "docs/megatron-lm.md, 'Migrating from 0.1'"
 OLD_ALPHA = 0.01
 OLD_REDUCTION = "token"
 
-# Settings field -> the Megatron-LM flag that sets it.
+# Settings field -> the Megatron-LM flag that sets it (config.FLAGS; the ids are the vocab's).
 FLAGS = {
-    "loss": "--numerical-loss",
-    "alpha": "--del-alpha",
-    "reduction": "--del-reduction",
-    "digit_share": "--del-digit-share",
-    "digit_ids": "--del-digit-token-ids",
-    "slot_logits": "--del-slot-logits",
+    field: config.FLAGS["vocab" if field == "digit_ids" else field]
+    for field in ("loss", "alpha", "reduction", "digit_share", "digit_ids", "slot_logits")
 }
 NAMES = {"ce": "CE", "del": "DEL"}
 
@@ -61,7 +58,9 @@ TO_CE = (
 
 @dataclass(frozen=True)
 class Settings:
-    """What a numerical loss trains; loss "ce" leaves every other field None."""
+    """What a numerical loss trains, as a checkpoint's args or a run name it: a checkpoint of
+    0.1 may hold settings NumericalLossConfig now refuses, so this is a view for comparing, not
+    a config. Loss "ce" leaves every other field None."""
 
     loss: str = "ce"
     alpha: Optional[float] = None
@@ -141,12 +140,11 @@ def changes(old: Settings, new: Settings, fields: Sequence[str] = tuple(FLAGS)) 
 
 def flags_of(settings: Settings) -> str:
     """The flags that give `settings` (digit ids left out)."""
-    shown = [f"--numerical-loss {settings.loss}", f"--del-alpha {_shown(settings.alpha)}"]
-    shown.append(f"--del-reduction {settings.reduction}")
-    if settings.digit_share is not None:
-        shown.append(f"--del-digit-share {_shown(settings.digit_share)}")
-    if settings.slot_logits is not None:
-        shown.append(f"--del-slot-logits {settings.slot_logits}")
+    shown = [
+        f"{FLAGS[field]} {_shown(getattr(settings, field))}"
+        for field in ("loss", "alpha", "reduction", "digit_share", "slot_logits")
+        if field in ("loss", "alpha", "reduction") or getattr(settings, field) is not None
+    ]
     return " ".join(shown)
 
 
@@ -155,7 +153,6 @@ def old_unit_line(old_alpha: float, new_alpha: float) -> str:
 
 
 def _switch_line(old: Settings, new: Settings) -> Optional[str]:
-    """The line for a CE checkpoint continued with a numerical loss, or the other way round."""
     if old.loss == new.loss:
         return None
     if old.loss == "ce":
@@ -186,7 +183,7 @@ def announcements(checkpoint_args: Any, run: Settings) -> List[str]:
 
 def run_settings(args: Any) -> Settings:
     """This run's Settings: the registered config's when there is one, else its args'."""
-    registration = state.current()
+    registration = reg.current()
     if registration is not None and registration.cfg is not None:
         return settings_of_config(registration.cfg)
     return settings_of_args(args)
@@ -195,11 +192,10 @@ def run_settings(args: Any) -> Settings:
 def announce(checkpoint_args: Any, args: Any) -> None:
     """Log each announcement once, at INFO, on rank 0."""
     for line in announcements(checkpoint_args, run_settings(args)):
-        state.log_once(f"resume: {line}", "%s", line)
+        reg.log_once(f"resume: {line}", "%s", line)
 
 
 def _wrap(check: Callable, module: Any) -> Callable:
-    """`check` (Megatron-LM's), then the announcement for the run's args (module.get_args)."""
 
     @functools.wraps(check)
     def check_checkpoint_args(checkpoint_args, *args, **kwargs):
@@ -211,10 +207,6 @@ def _wrap(check: Callable, module: Any) -> Callable:
 
 
 def install() -> None:
-    """Wrap Megatron-LM's check_checkpoint_args (a no-op without Megatron-LM). Idempotent."""
-    seams.wrap(MODULE, FUNCTION, _wrap)
-
-
-def uninstall() -> None:
-    """Restore Megatron-LM's own check_checkpoint_args. Idempotent."""
-    seams.unwrap(MODULE, FUNCTION)
+    """Wrap Megatron-LM's check_checkpoint_args until unregister() (a no-op without
+    Megatron-LM). Idempotent."""
+    reg.wrap_in_place(MODULE, FUNCTION, _wrap)

@@ -1,7 +1,7 @@
 """Per-step DEL telemetry: the report entries the loss function adds to Megatron's log.
 
-From the parts behind each micro-batch's loss (records.py, with the entries of the MTP heads
-that the same forward computed first) and its loss mask, the entries are `[sum, count]` pairs,
+From the parts behind each micro-batch's loss (registration.record, with the entries of the MTP
+heads that the same forward computed first) and its loss mask, the entries are `[sum, count]` pairs,
 which Megatron-LM sums over micro-batches and data-parallel x context-parallel ranks into each
 step's sum / count: the value TensorBoard and W&B get for the step, and whose mean over the log
 interval the console line prints (docs/megatron-lm.md, "What the log shows").
@@ -19,9 +19,10 @@ from typing import Callable, Dict, NamedTuple
 
 import torch
 
-from ..loss import LossParts, NumericalLossConfig
+from ..config import NumericalLossConfig
+from ..loss import LossParts
 from ..numbers import held_slots
-from .records import Record
+from .registration import Record
 
 COUNT_EPS = 1e-8
 ZERO_SHOWN_AS = 1e-20

@@ -71,19 +71,16 @@ def llama3_dir() -> str:
 
 def del_fields(config) -> Dict[str, Any]:
     """The digit-id fields enable_numerical_loss put on a model config."""
-    from del_megatron.megatron.settings import FIELD_DIGITS, FIELD_MULTI_DIGITS, FIELD_POINTS
+    from del_megatron.config import VOCAB_FIELDS
 
-    return {
-        name: getattr(config, name, None)
-        for name in (FIELD_DIGITS, FIELD_POINTS, FIELD_MULTI_DIGITS)
-    }
+    return {name: getattr(config, name, None) for name in VOCAB_FIELDS}
 
 
 def slot_rule_read_back(config) -> str:
     """The slot rule the loss reads from a model config enable_numerical_loss set up."""
-    from del_megatron.megatron.settings import cfg_from_model_config
+    from del_megatron import NumericalLossConfig
 
-    return cfg_from_model_config(config).slot_logits
+    return NumericalLossConfig.from_fields(config).slot_logits
 
 
 def tiny_hf_config(vocab_size: int = VOCAB):

@@ -19,14 +19,13 @@ def check_nemo(out: str) -> None:
     init_single_rank()
     from del_megatron import NumericalLossConfig
     from del_megatron.megatron import register
-    from del_megatron.megatron.settings import config_fields
     from tests.gpt_helpers import GPT_VOCAB, build_gpt
 
     model = build_gpt(1)
     cfg = NumericalLossConfig(
         loss="del", alpha=ALPHA, vocab=GPT_VOCAB, reduction="token", digit_share=1.0
     )
-    for name, value in config_fields(cfg).items():
+    for name, value in cfg.to_fields().items():
         setattr(model.config, name, value)
     register(None)
     result = masked_token_loss_reduction(model)
@@ -90,7 +89,6 @@ def enabled_on_a_nemo_module(model, cfg) -> Dict[str, Any]:
     """enable_numerical_loss on NeMo's llm.GPTModel; where nemo.collections.llm does not import
     (its nemo_run / leptonai imports), on a plain LightningModule holding `model`'s config."""
     from del_megatron.megatron.nemo import enable_numerical_loss
-    from del_megatron.megatron.settings import config_fields
     from tests.gpt_helpers import GPT_VOCAB
 
     result: Dict[str, Any] = {}
@@ -105,7 +103,7 @@ def enabled_on_a_nemo_module(model, cfg) -> Dict[str, Any]:
         result["llm_import_error"] = str(err)
         module = pl.LightningModule()
         module.config = model.config
-    for name in config_fields(cfg):
+    for name in cfg.to_fields():
         if name in vars(module.config):
             delattr(module.config, name)
     enable_numerical_loss(module, vocab=GPT_VOCAB, loss="del", alpha=ALPHA)

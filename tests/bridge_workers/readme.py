@@ -15,7 +15,8 @@ from ..docs_snippets import ROOT, python_blocks
 def readme_bridge_block(tokenizer_dir: str) -> Dict[str, Any]:
     """What README's Bridge block did: the settings it put on the provider, and the call it
     made to pretrain()."""
-    from del_megatron.megatron import settings, unregister
+    from del_megatron import NumericalLossConfig
+    from del_megatron.megatron import unregister
 
     spec = importlib.util.spec_from_file_location(
         "bridge_pretrain_del", os.path.join(ROOT, "examples", "bridge_pretrain_del.py")
@@ -31,7 +32,7 @@ def readme_bridge_block(tokenizer_dir: str) -> Dict[str, Any]:
 
     scope = {"cfg": cfg, "pretrain": pretrain, "argparse": argparse}
     exec(compile(block, "README.md", "exec"), scope)
-    numerical = settings.cfg_from_model_config(cfg.model)
+    numerical = NumericalLossConfig.from_fields(cfg.model)
     unregister()
     return {
         "pretrain_calls": calls,

@@ -212,7 +212,7 @@ def is_finite(value: float) -> bool:
     return not (math.isnan(value) or math.isinf(value))
 
 
-# Entries whose console mean is over the digit targets of the interval (interval_means.py),
+# Entries whose console mean is over the digit targets of the interval (lm.py's IntervalMeans),
 # each step weighted by its `digit tokens`; a step without digit targets writes no event.
 DIGIT_KEYED = (
     "del term",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from del_megatron.megatron.refusal import EXIT_CODE
+from del_megatron.megatron.refusals import EXIT_CODE
 
 from .conftest import VARIANTS
 from .megatron_lm import (

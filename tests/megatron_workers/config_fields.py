@@ -50,7 +50,7 @@ def check_config_fields_and_fusion_modes(tp: int) -> None:
     dmm.register()
     try:
         torch.testing.assert_close(model(tokens, positions, None, labels=labels), megatron_loss)
-        for name, value in dmm.config_fields(CFG).items():
+        for name, value in CFG.to_fields().items():
             setattr(model.config, name, value)
         from_fields = model(tokens, positions, None, labels=labels)
     finally:

@@ -27,7 +27,7 @@ def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
     or in compute_language_model_loss called outside it (the combined 1F1B schedule's
     post-process, where the message names the flag, not a model class); an output weight FSDP
     shards is refused for logits-free. The check runs once a model, not per call."""
-    from del_megatron.megatron import support
+    from del_megatron.megatron import refusals
 
     tokens, labels, positions = number_batch(2, seed=31)
     for field, value, logits_free, named in FIRST_SIGHT_REFUSALS:
@@ -66,8 +66,8 @@ def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
                     model(tokens, positions, None, labels=labels)
             finally:
                 dmm.unregister()
-    calls, check = [], support.check_settings
-    support.check_settings = lambda *args: calls.append(args) or check(*args)
+    calls, check = [], refusals.check_settings
+    refusals.check_settings = lambda *args: calls.append(args) or check(*args)
     model = build_gpt(tp)
     dmm.register(CFG)
     try:
@@ -75,5 +75,5 @@ def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
             model(tokens, positions, None, labels=labels)
     finally:
         dmm.unregister()
-        support.check_settings = check
+        refusals.check_settings = check
     assert len(calls) == 1, calls

@@ -183,7 +183,7 @@ def check_logits_free_from_the_model_config(tp: int) -> None:
     want = _loss_and_grads(build_gpt(tp), False, args, labels, upstream)
     for setting in (True, "forward", "backward"):
         model = build_gpt(tp)
-        for name, value in dmm.config_fields(CFG).items():
+        for name, value in CFG.to_fields().items():
             setattr(model.config, name, value)
         model.config.del_logits_free = setting
         with CountedChunks() as counted:

@@ -92,7 +92,7 @@ def pipeline_curve(steps: int, out_path: str, vp_size: int = 1) -> None:
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from del_megatron.megatron import records
+    from del_megatron.megatron import registration as reg
 
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -104,7 +104,7 @@ def pipeline_curve(steps: int, out_path: str, vp_size: int = 1) -> None:
     def forward_step(data_iterator, model):
         tokens, labels, positions = next(data_iterator)
         output = model(tokens, positions, None, labels=labels)
-        calls.append(records.find(output) is not None)
+        calls.append(reg.find(output) is not None)
         mask = torch.ones_like(labels, dtype=torch.float)
         return output, partial(dmm.numerical_loss_func, mask)
 

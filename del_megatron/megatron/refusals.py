@@ -1,17 +1,33 @@
-"""Megatron settings del_megatron refuses, each before iteration 1 with the flag and the way out
-named (docs/support.md lists them).
+"""Megatron settings del_megatron refuses, and how a refusal reaches the user.
 
-The checks read attributes by name from Megatron-LM's parsed arguments or from a model config
-(TransformerConfig, a Megatron-Bridge provider): the flags' `dest` and the config fields share
-their names. They run once: at registration (lm.register_from_args, Bridge's and NeMo's
-enable_numerical_loss) and when the loss hook first sees a model (model_checks.check_model_config).
+Each check raises ValueError (or RuntimeError) before iteration 1, naming the cause and the fix
+(docs/support.md lists them), so the Python API and Bridge's and NeMo's entries get an exception
+to catch. The checks read attributes by name from Megatron-LM's parsed arguments or from a model
+config (TransformerConfig, a Megatron-Bridge provider): the flags' dest and the config fields
+share their names. They run once: at registration (lm.register_from_args, Bridge's and NeMo's
+enable_numerical_loss) and when the loss hook first sees a model (check_model_once).
+
+On Megatron-LM's command line (the patched pretrain_gpt.py and the drop-in), `one_line` turns an
+error raised by del_megatron's own code into one line printed by rank 0 to stderr, and an exit
+with EXIT_CODE on every rank. Errors raised elsewhere (Megatron-LM's, torch's) keep their
+traceback.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+import argparse
+import functools
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Iterable, NoReturn, Optional, TypeVar
 
 import torch
+import torch.distributed as dist
+
+from . import logits_free as lf
+from . import registration as reg
 
 # Fused cross-entropy implementations that still compute the loss through
 # LanguageModule.compute_language_model_loss (core 0.16.1 to 0.19.x), where the hook replaces
@@ -187,7 +203,6 @@ _DTYPE_NAMES = {
 
 
 def _dtype(value: Any) -> Optional[torch.dtype]:
-    """A torch.dtype, or Megatron-LM's name of one ('fp32', 'bf16'), as a torch.dtype."""
     if value is None or isinstance(value, torch.dtype):
         return value
     return _DTYPE_NAMES.get(str(value).lower())
@@ -250,3 +265,139 @@ def check_settings(settings: Any, logits_free: Optional[str] = None) -> None:
     check_hybrid_context_parallel(settings)
     if logits_free is not None:
         check_logits_free(settings, logits_free)
+
+
+FUSION_NAMES = {
+    "native": "Megatron's fused cross-entropy (impl 'native')",
+    "te": "Transformer Engine's fused cross-entropy (impl 'te')",
+}
+FUSION_REPLACED_BY = {
+    "native": (
+        "Megatron's fused cross-entropy (impl 'native') is replaced by del_megatron's "
+        "vocab-parallel CE+digit kernel, which computes the loss in fp32 from the same logits"
+    ),
+    "te": (
+        "Transformer Engine's fused cross-entropy (impl 'te') is replaced by del_megatron's "
+        "vocab-parallel CE+digit kernel ('compiled' on CUDA, 'recompute' elsewhere). TE's "
+        "kernel writes the gradient over the logits in place; del_megatron's keeps the logits "
+        "for backward and writes their gradient into a new buffer, so the loss holds one more "
+        "[s, b, V/tp] buffer than TE's (2 bytes a logit in bf16: 4 against TE's 2). "
+        "--del-logits-free forms no logits at all"
+    ),
+}
+LOGITS_FREE_REPLACES = (
+    "%s is replaced by del_megatron's logits-free loss (--del-logits-free, weight-gradient "
+    "route '%s'): the output layer's matmul and the CE+digit passes chunked over tokens, with "
+    "no [s, b, V/tp] logits or gradient held (less than the fused kernel's logits buffer)"
+)
+
+
+def fusion_replacement(impl: str, logits_free: Optional[str] = None) -> str:
+    """The log line saying what replaces fused cross-entropy `impl`, and at what memory
+    (logits_free: the weight-gradient route, None when the loss keeps its logits)."""
+    if logits_free is not None:
+        return LOGITS_FREE_REPLACES % (FUSION_NAMES[impl], logits_free)
+    return FUSION_REPLACED_BY[impl]
+
+
+def check_model_config(config: Any, logits_free: Optional[str] = None) -> None:
+    """Refuse a model config del_megatron cannot train right (check_settings; logits_free:
+    the weight-gradient route, None when the loss keeps its logits), and log once which fused
+    cross-entropy it replaces."""
+    check_settings(config, logits_free)
+    if getattr(config, "cross_entropy_loss_fusion", False):
+        impl = getattr(config, "cross_entropy_fusion_impl", "native")
+        reg.log_once("fusion", "del_megatron: %s", fusion_replacement(impl, logits_free))
+
+
+def check_model_once(module: Any) -> None:
+    """check_model_config for a model the loss hook sees for the first time in this
+    registration (its config and logits-free setting; then nothing for it again), and for
+    logits-free its output layer: no bias, no MuP logit multiplier, no FSDP- or GTP-sharded
+    weight."""
+    registration = reg.current()
+    if registration is None or id(module) in registration.checked_models:
+        return
+    registration.checked_models[id(module)] = module
+    if reg.of_model(module) is None:
+        return
+    route = lf.route_of(module)
+    check_model_config(module.config, route)
+    output_layer = getattr(module, "output_layer", None)
+    if route is not None and output_layer is not None:
+        lf.check_no_logit_scaling(module.config)
+        lf.check_no_bias(output_layer)
+        if getattr(module, "share_embeddings_and_output_weights", False):
+            check_sharded_weight(module.shared_embedding_or_output_weight())
+        elif getattr(output_layer, "weight", None) is not None:
+            check_sharded_weight(output_layer.weight)
+
+
+EXIT_CODE = 2
+GRACE_S = 10.0
+PREFIX = "del_megatron: "
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFUSALS = (ValueError, RuntimeError)
+
+T = TypeVar("T")
+
+
+def raised_by_del_megatron(error: BaseException) -> bool:
+    """Whether `error` was raised in del_megatron's own code (its innermost frame)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_PACKAGE + os.sep)
+
+
+def refusal_line(error: BaseException) -> str:
+    """The refusal as one line: 'del_megatron: refused: <cause and fix>'."""
+    message = " ".join(str(error).split())
+    if message.startswith(PREFIX):
+        message = message[len(PREFIX) :]
+    return f"{PREFIX}refused: {message}"
+
+
+def exit_refused(error: BaseException) -> NoReturn:
+    """Print `error` as one line on rank 0 (stderr), take down the process groups (gloo aborts
+    a process that exits with them alive) and exit with EXIT_CODE, without a traceback. The
+    other ranks refuse the same flags at the same point: they wait up to GRACE_S first, so that
+    torchrun, which stops every rank once one has failed, does not stop rank 0 before its line
+    (it reports rank 0 as the failure)."""
+    rank_zero = reg.is_rank_zero()
+    if rank_zero:
+        sys.stdout.flush()
+        print(refusal_line(error), file=sys.stderr, flush=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if not rank_zero:
+        time.sleep(GRACE_S)
+    raise SystemExit(EXIT_CODE) from None
+
+
+def one_line(function: Callable[..., T]) -> Callable[..., T]:
+    """`function`, with a refusal raised by del_megatron's code turned into exit_refused."""
+
+    @functools.wraps(function)
+    def refusing(*args: Any, **kwargs: Any) -> T:
+        try:
+            return function(*args, **kwargs)
+        except REFUSALS as error:
+            if not raised_by_del_megatron(error):
+                raise
+            exit_refused(error)
+
+    return refusing
+
+
+def check_when_parsed(parser: argparse.ArgumentParser, check: Callable[[Any], None]) -> None:
+    """Run `check(namespace)` on what `parser` parses, as soon as it has parsed it (before
+    Megatron-LM validates and prints its arguments), a refusal as one line. argparse's
+    parse_args goes through parse_known_args, which is wrapped on this parser only."""
+    parse_known_args = parser.parse_known_args
+
+    @functools.wraps(parse_known_args)
+    def parse_and_check(*args: Any, **kwargs: Any):
+        namespace, rest = parse_known_args(*args, **kwargs)
+        one_line(check)(namespace)
+        return namespace, rest
+
+    parser.parse_known_args = parse_and_check

@@ -1,0 +1,273 @@
+"""What a run means, in one object: NumericalLossConfig, its defaults, its one validation, and
+its names as a flag, a keyword argument and a model-config field.
+
+Every entry builds the same object: Megatron-LM's flags (megatron/flags.py), Bridge's and NeMo's
+`enable_numerical_loss(**settings)` (its keyword arguments), a model config's fields
+(`from_fields`, read once per config) and the Python API. A message names a setting the way its
+entry does (`Names`): `alpha` for the API, `--del-alpha` for the flags.
+
+The range checks of the numbers that set a weight (check_weight, check_digit_share,
+check_learning_rate) are here too, one rule for every entry; each returns a Python float.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import InitVar, dataclass
+from typing import Any, Dict, Mapping, Optional
+
+from .heads import HEADS
+from .slots import DEFAULT_SLOT_LOGITS, RULES
+from .vocab import DigitVocab
+
+LOSSES = ("ce",) + tuple(HEADS)
+REDUCTIONS = ("digit", "token")
+# The weight the DEL paper wrote and applied in its CodeLlama and Mistral-7B runs (docs/DEL.md,
+# "The weight the paper's runs applied").
+DEFAULT_ALPHA = 0.1
+DEFAULT_REDUCTION = "digit"
+# The settings that weigh the term, which loss "ce" (the control arm of an A/B) does not read.
+WEIGHT_SETTINGS = ("alpha", "reduction", "digit_share")
+
+# Each setting's flag; its model-config field is the flag's argparse dest (--del-alpha: del_alpha).
+# The vocab's digit ids and decimal points are NumericalLossConfig's `vocab` (a DigitVocab).
+FLAGS = {
+    "loss": "--numerical-loss",
+    "alpha": "--del-alpha",
+    "reduction": "--del-reduction",
+    "digit_share": "--del-digit-share",
+    "slot_logits": "--del-slot-logits",
+    "vocab": "--del-digit-token-ids",
+    "points": "--del-decimal-point-token-ids",
+}
+# The settings a model config carries as one field each, then the vocab's three fields (its
+# digit ids, decimal points and multi-digit tokens).
+SCALAR_SETTINGS = ("loss", "alpha", "reduction", "digit_share", "slot_logits")
+VOCAB_FIELDS = ("del_digit_token_ids", "del_decimal_point_token_ids", "del_multi_digit_token_ids")
+_CACHED = "_del_megatron_config"  # on a model config: (its fields' values, the config built)
+
+
+def field_of(setting: str) -> str:
+    """The model-config field of a setting: `alpha` -> `del_alpha`."""
+    return FLAGS[setting].removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Names:
+    """How a message names a setting: as the API's keyword (`reduction='token'`) or, with
+    `flags`, as its flag (`--del-reduction token`)."""
+
+    flags: bool = False
+
+    def __call__(self, setting: str, value: Any = None) -> str:
+        if self.flags:
+            return FLAGS[setting] + ("" if value is None else f" {value}")
+        if setting == "vocab":
+            return "vocab="  # ids given as a DigitVocab
+        return setting if value is None else f"{setting}={value!r}"
+
+
+API_NAMES, FLAG_NAMES = Names(), Names(flags=True)
+
+
+def _real(value: Any, name: str) -> float:
+    item = getattr(value, "item", None)
+    if not isinstance(value, numbers.Real) and callable(item):
+        try:  # a 0-d tensor or array
+            value = item()
+        except (ValueError, RuntimeError):
+            raise TypeError(f"{name} must be one real number, got {value!r}") from None
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def check_weight(value: Any, name: str = "alpha") -> float:
+    """`value` as a float, if it is a finite number >= 0; ValueError / TypeError naming `name`."""
+    weight = _real(value, name)
+    if not math.isfinite(weight) or weight < 0:
+        raise ValueError(
+            f"{name} must be a finite number >= 0, got {value!r} (a negative weight trains "
+            "against the target)"
+        )
+    return weight
+
+
+def check_digit_share(value: Any, name: str = "digit_share") -> float:
+    """`value` as a float, if it is a finite share in (0, 1]."""
+    share = _real(value, name)
+    if not math.isfinite(share) or not 0 < share <= 1:
+        raise ValueError(
+            f"{name} must be the share of loss tokens that are digit targets, a number in "
+            f"(0, 1], got {value!r} (`del-megatron check --data-path PREFIX` measures it)"
+        )
+    return share
+
+
+def check_learning_rate(value: Any, name: str = "lr", allow_zero: bool = False) -> float:
+    """`value` as a float, if it is a finite number > 0 (>= 0 with allow_zero: a final rate)."""
+    rate = _real(value, name)
+    if not math.isfinite(rate) or rate < 0 or (rate == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite learning rate {bound}, got {value!r}")
+    return rate
+
+
+def check_settings(
+    loss: str,
+    alpha: Any,
+    reduction: str,
+    digit_share: Any,
+    slot_logits: str,
+    names: Names = API_NAMES,
+) -> Dict[str, Any]:
+    """The one validation of the settings that need no vocab; returns alpha and digit_share as
+    floats. Loss "ce" reads neither the reduction nor the share, so they are not held against
+    each other there. Errors name the settings as `names` does."""
+    if loss not in LOSSES:
+        raise ValueError(f"{names('loss')} must be one of {LOSSES}, got {loss!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{names('reduction')} must be one of {REDUCTIONS}, got {reduction!r}")
+    if slot_logits not in RULES:
+        raise ValueError(f"{names('slot_logits')} must be one of {RULES}, got {slot_logits!r}")
+    alpha = check_weight(alpha, names("alpha"))
+    token, share = names("reduction", "token"), names("digit_share")
+    if loss != "ce" and digit_share is not None and reduction != "token":
+        raise ValueError(
+            f"{share} is used by {token} only: add {token}, or drop {share} (the default "
+            "'digit' reduction counts the digit targets itself)"
+        )
+    if loss != "ce" and digit_share is None and reduction == "token":
+        raise ValueError(
+            f"{token} needs {share}, the share of loss tokens that are digit targets in your "
+            "data (`del-megatron check --data-path PREFIX` measures it): alpha weighs the mean "
+            "term over digit targets, which the token reduction reaches by weighing each digit "
+            f"token's term by alpha / {share}. Or drop {token}: the default 'digit' reduction "
+            "counts the digit targets itself"
+        )
+    if digit_share is not None:
+        digit_share = check_digit_share(digit_share, share)
+    return {"alpha": alpha, "digit_share": digit_share}
+
+
+def unused_weight_settings(loss: str, given: Mapping[str, Any], names: Names = API_NAMES) -> str:
+    """The startup line for the weight settings `given` that loss "ce" does not read ("" when
+    there are none or the loss reads them)."""
+    unused = [names(setting) for setting in WEIGHT_SETTINGS if setting in given]
+    if loss != "ce" or not unused:
+        return ""
+    return (
+        f"del_megatron: {', '.join(unused)} unused: {names('loss', 'ce')} trains Megatron's "
+        "cross-entropy (the control arm) and reports the digit entries beside it"
+    )
+
+
+@dataclass(frozen=True)
+class NumericalLossConfig:
+    """What a run means: the loss added to cross-entropy, and how much of it.
+
+    loss:         "ce" (plain cross-entropy), "del", "ntl_was", "ntl_mse" or "dist2"
+    alpha:        weight of the numerical term's mean over digit targets, as in the papers:
+                  loss = mean CE + alpha * mean digit term, under either reduction
+    vocab:        DigitVocab of the tokenizer (required unless loss == "ce")
+    reduction:    "digit" (the term averaged over the digit targets themselves) or "token"
+                  (each token carries CE_t + alpha / digit_share * term_t, no counting;
+                  docs/DEL.md)
+    ignore_index: label value of positions without a loss
+    digit_share:  with reduction "token": the share of loss tokens that are digit targets
+                  (in (0, 1]; counted in digits); None otherwise
+    slot_logits:  a chunking vocab's slot rule (docs/DEL.md): "length" (candidates of the
+                  label's number of digits, prefix-conditional) or "any" (every length); the
+                  same on a one-digit-a-token vocab; None is "length"
+    names:        (init only) how error messages name the settings: config.API_NAMES, or
+                  config.FLAG_NAMES where they came from Megatron-LM's flags
+
+    How the loss is computed (kernel, inplace, validate, chunk_tokens) is a keyword argument of
+    numerical_lm_loss, numerical_linear_loss and loss_parts.
+    """
+
+    loss: str = "del"
+    alpha: float = DEFAULT_ALPHA
+    vocab: Optional[DigitVocab] = None
+    reduction: str = DEFAULT_REDUCTION
+    ignore_index: int = -100
+    digit_share: Optional[float] = None
+    slot_logits: str = DEFAULT_SLOT_LOGITS
+    names: InitVar[Names] = API_NAMES  # how errors name the settings (FLAG_NAMES for flags)
+
+    def __post_init__(self, names: Names) -> None:
+        if self.slot_logits is None:
+            object.__setattr__(self, "slot_logits", DEFAULT_SLOT_LOGITS)
+        checked = check_settings(
+            self.loss, self.alpha, self.reduction, self.digit_share, self.slot_logits, names
+        )
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+        if self.vocab is not None and not isinstance(self.vocab, DigitVocab):
+            raise TypeError(f"vocab must be a DigitVocab, got {type(self.vocab).__name__}")
+        if self.loss != "ce" and self.vocab is None:
+            raise ValueError(
+                f"loss={self.loss!r} needs vocab=DigitVocab(...) (or DigitVocab.from_tokenizer)"
+            )
+
+    @property
+    def token_weight(self) -> float:
+        """The weight each digit target's term carries in the per-token loss CE_t + w * term_t:
+        alpha / digit_share for the token reduction, alpha for the digit reduction (before the
+        step's scale: megatron/loss_func.py), 0 for loss "ce"."""
+        if self.loss == "ce":
+            return 0.0
+        if self.reduction == "token":
+            return self.alpha / self.digit_share
+        return self.alpha
+
+    def to_fields(self) -> Dict[str, Any]:
+        """The model-config fields that carry this config (Bridge's providers, NeMo's and
+        Megatron's TransformerConfig): `numerical_loss`, `del_alpha`, ... and the vocab's ids."""
+        vocab = self.vocab
+        fields = {field_of(s): getattr(self, s) for s in SCALAR_SETTINGS}
+        digits, points, multi = VOCAB_FIELDS
+        fields[digits] = list(vocab.digit_ids) if vocab else None
+        fields[points] = list(vocab.decimal_point_ids) if vocab else None
+        fields[multi] = list(vocab.multi_digit_ids) if vocab and vocab.chunked else None
+        return fields
+
+    def record_on(self, model_config: Any) -> None:
+        """Write the fields onto a model config as plain attributes, not dataclass fields:
+        Bridge's run_config.yaml, ModelConfig.as_dict and the HF export serialise fields only,
+        and deepcopy keeps instance attributes. from_fields then returns this object."""
+        fields = self.to_fields()
+        for name, value in fields.items():
+            object.__setattr__(model_config, name, value)
+        object.__setattr__(model_config, _CACHED, (_values(model_config), self))
+
+    @classmethod
+    def from_fields(cls, model_config: Any) -> Optional[NumericalLossConfig]:
+        """The config a model config's fields describe (None when it names no loss), built
+        once per config and again only when a field changes."""
+        values = _values(model_config)
+        cached = getattr(model_config, _CACHED, None)
+        if cached is not None and cached[0] == values:
+            return cached[1]
+        count = len(SCALAR_SETTINGS)
+        settings = dict(zip(SCALAR_SETTINGS, values[:count], strict=True))
+        if settings["loss"] is None:
+            return None
+        digits, points, multi = values[count:]
+        if digits is None and settings["loss"] != "ce":
+            raise ValueError(
+                f"the model config names {field_of('loss')}={settings['loss']!r} without "
+                f"{VOCAB_FIELDS[0]}: set the ten digit ids there, or register(cfg) with "
+                "NumericalLossConfig(vocab=...)"
+            )
+        vocab = None if digits is None else DigitVocab(digits, points or (), multi or ())
+        given = {name: value for name, value in settings.items() if value is not None}
+        cfg = cls(vocab=vocab, **given)
+        object.__setattr__(model_config, _CACHED, (values, cfg))
+        return cfg
+
+
+def _values(model_config: Any) -> tuple:
+    names = [field_of(s) for s in SCALAR_SETTINGS] + list(VOCAB_FIELDS)
+    return tuple(getattr(model_config, name, None) for name in names)
