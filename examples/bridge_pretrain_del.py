@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from del_megatron.weights import DEFAULT_ALPHA
+from del_megatron.config import DEFAULT_ALPHA
 
 
 def parse_args(argv=None) -> argparse.Namespace:
