@@ -67,7 +67,7 @@ def _number(kind: Callable, bound: str) -> Callable[[str], object]:
 
 
 def _ruled(kind: Callable, rule: Callable[[object, str], object], name: str) -> Callable:
-    """argparse type: a number that `rule(value, name)` accepts (del_megatron.config' rules,
+    """argparse type: a number that `rule(value, name)` accepts (del_megatron.config's range checks,
     TrainConfig's ranges); its refusal, less the leading name, is the one-line error."""
 
     def parse(text: str):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import InitVar, dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from .heads import HEADS
 from .slots import DEFAULT_SLOT_LOGITS, RULES
@@ -61,6 +61,7 @@ class Names:
     flags: bool = False
 
     def __call__(self, setting: str, value: Any = None) -> str:
+        """`setting` (a NumericalLossConfig field, "vocab" or "points"), with `value` if given."""
         if self.flags:
             return FLAGS[setting] + ("" if value is None else f" {value}")
         if setting == "vocab":
@@ -115,16 +116,18 @@ def check_learning_rate(value: Any, name: str = "lr", allow_zero: bool = False) 
 
 
 def check_settings(
-    loss: str,
-    alpha: Any,
-    reduction: str,
-    digit_share: Any,
-    slot_logits: str,
+    loss: str = "del",
+    alpha: Any = DEFAULT_ALPHA,
+    reduction: str = DEFAULT_REDUCTION,
+    digit_share: Any = None,
+    slot_logits: Optional[str] = None,
     names: Names = API_NAMES,
 ) -> Dict[str, Any]:
-    """The one validation of the settings that need no vocab; returns alpha and digit_share as
-    floats. Loss "ce" reads neither the reduction nor the share, so they are not held against
-    each other there. Errors name the settings as `names` does."""
+    """The one validation of the settings that need no vocab (NumericalLossConfig's defaults).
+    Returns alpha and digit_share as floats and slot_logits with None as DEFAULT_SLOT_LOGITS.
+    Loss "ce" reads neither the reduction nor the share, so they are not held against each
+    other there. Errors name the settings as `names` does."""
+    slot_logits = DEFAULT_SLOT_LOGITS if slot_logits is None else slot_logits
     if loss not in LOSSES:
         raise ValueError(f"{names('loss')} must be one of {LOSSES}, got {loss!r}")
     if reduction not in REDUCTIONS:
@@ -141,19 +144,20 @@ def check_settings(
     if loss != "ce" and digit_share is None and reduction == "token":
         raise ValueError(
             f"{token} needs {share}, the share of loss tokens that are digit targets in your "
-            "data (`del-megatron check --data-path PREFIX` measures it): alpha weighs the mean "
-            "term over digit targets, which the token reduction reaches by weighing each digit "
-            f"token's term by alpha / {share}. Or drop {token}: the default 'digit' reduction "
-            "counts the digit targets itself"
+            f"data (`del-megatron check --data-path PREFIX` measures it): {names('alpha')} weighs "
+            "the mean term over digit targets, which the token reduction reaches by weighing "
+            f"each digit token's term by it / {share}. Or drop {token}: the default 'digit' "
+            "reduction counts the digit targets itself"
         )
     if digit_share is not None:
         digit_share = check_digit_share(digit_share, share)
-    return {"alpha": alpha, "digit_share": digit_share}
+    return {"alpha": alpha, "digit_share": digit_share, "slot_logits": slot_logits}
 
 
-def unused_weight_settings(loss: str, given: Mapping[str, Any], names: Names = API_NAMES) -> str:
-    """The startup line for the weight settings `given` that loss "ce" does not read ("" when
-    there are none or the loss reads them)."""
+def unused_weight_settings(loss: str, given: Iterable[str], names: Names = API_NAMES) -> str:
+    """The startup line for the weight settings `given` (their names) that loss "ce" does not
+    read ("" when there are none or the loss reads them)."""
+    given = set(given)
     unused = [names(setting) for setting in WEIGHT_SETTINGS if setting in given]
     if loss != "ce" or not unused:
         return ""
@@ -197,8 +201,6 @@ class NumericalLossConfig:
     names: InitVar[Names] = API_NAMES  # how errors name the settings (FLAG_NAMES for flags)
 
     def __post_init__(self, names: Names) -> None:
-        if self.slot_logits is None:
-            object.__setattr__(self, "slot_logits", DEFAULT_SLOT_LOGITS)
         checked = check_settings(
             self.loss, self.alpha, self.reduction, self.digit_share, self.slot_logits, names
         )

@@ -81,8 +81,8 @@ def digit_term_scale(n_tokens: torch.Tensor, n_digits: torch.Tensor) -> torch.Te
     that turns a sum divided by n_tokens (the normaliser the loss is divided by) into alpha x
     the term's mean over n_digits digit targets: n_tokens / n_digits (no digits counts one).
     Every scope computes it here: a sequence (numerical_lm_loss), a micro-batch and a training
-    step (del_megatron.megatron.reduction, accounting.py). Floating tensors, on the device: no
-    host sync."""
+    step (megatron/loss_func.py's term_weight, accounting.py). Floating tensors, on the device:
+    no host sync."""
     return n_tokens / n_digits.clamp(min=1)
 
 

@@ -111,3 +111,15 @@ def test_a_digit_loss_that_skips_our_loss_function_is_stopped_at_the_next_micro_
             loss_func.expect_reduction(torch.zeros(1), cfg)
     finally:
         dmm.unregister()
+
+
+def test_enable_numerical_loss_checks_its_settings_before_it_reads_the_tokenizer():
+    """Bridge's and NeMo's shared path: an unknown setting or a bad value is refused by name
+    before the tokenizer (here one that cannot be read) is touched."""
+    from del_megatron.megatron.hook import config_of_arguments
+
+    unreadable = object()
+    with pytest.raises(TypeError, match="enable_numerical_loss got alpah: its settings are loss"):
+        config_of_arguments(unreadable, None, False, {"alpah": 0.1})
+    with pytest.raises(ValueError, match="slot_logits must be one of"):
+        config_of_arguments(unreadable, None, False, {"slot_logits": "bogus"})

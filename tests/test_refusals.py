@@ -211,7 +211,7 @@ def test_what_is_not_refused(route, flags):
     backward route, per-layer CUDA graphs and the fused impls the hook replaces are fine, GTP of
     the experts only leaves the output layer whole, and output logits asked for in the run's own
     dtype change nothing."""
-    refusals.check_settings(types.SimpleNamespace(**flags), route)
+    refusals.check_megatron_settings(types.SimpleNamespace(**flags), route)
 
 
 def test_an_output_weight_gathered_only_when_its_layer_runs_is_refused_for_logits_free():

@@ -38,7 +38,7 @@ def test_the_tokenizers_own_ids_are_accepted_and_said_to_match(one_digit, caplog
     with caplog.at_level(logging.INFO, logger="del_megatron"):
         cfg = dmm.config_from_args(flags(*vocab.digit_ids, points=vocab.decimal_point_ids), tok)
     assert cfg.vocab == vocab
-    assert "--del-digit-token-ids match the run's tokenizer" in caplog.text
+    assert "the ids of --del-digit-token-ids match the run's tokenizer" in caplog.text
 
 
 def test_ids_from_another_tokenizer_stop_the_run_naming_both_sets(one_digit):
@@ -88,7 +88,7 @@ def test_a_chunking_tokenizer_gets_single_digit_del_unless_a_slot_rule_is_asked(
 
 def test_a_slot_rule_without_a_chunking_tokenizer_is_refused(one_digit):
     tok, _ = one_digit
-    with pytest.raises(ValueError, match="has one digit a token, or no text.*drop --del-slot"):
+    with pytest.raises(ValueError, match="digit ids have none .one digit a token.*drop --del-slot"):
         dmm.config_from_args(parse(["--numerical-loss", "del", "--del-slot-logits", "any"]), tok)
     args = flags(*range(10), extra=["--del-slot-logits", "length"])
     args.tokenizer_type = "NullTokenizer"
@@ -218,7 +218,7 @@ def test_bridge_and_nemo_hold_a_vocab_given_against_their_tokenizer(one_digit, c
     tok, vocab = one_digit
     assert api_vocab(vocab, tok, False, None) == vocab
     assert api_vocab(None, tok, False, None) == vocab
-    with pytest.raises(ValueError, match="one digit a token, or no text .*: drop slot_logits"):
+    with pytest.raises(ValueError, match="ids have none .one digit a token.*: drop slot_logits"):
         api_vocab(None, tok, False, "length")
     wrong = dm.DigitVocab([i + 1 for i in vocab.digit_ids], vocab.decimal_point_ids)
     with pytest.raises(ValueError, match="vocab= gives digit ids .* the ids are from another"):

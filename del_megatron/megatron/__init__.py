@@ -16,11 +16,13 @@ from .accounting import DigitAccounting
 from .flags import add_arguments, chain_extra_args, config_from_args, digit_vocab_from_args
 from .hook import is_registered, register, unregister
 from .loss_func import make_loss_func, numerical_loss_func
+from .registration import config_fields
 
 __all__ = [
     "DigitAccounting",
     "add_arguments",
     "chain_extra_args",
+    "config_fields",
     "config_from_args",
     "digit_vocab_from_args",
     "is_registered",

@@ -188,6 +188,7 @@ class DigitAccounting:
         return digit_term_scale(n_tokens, n_digits)
 
     def _counts_on(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        # copied to a device once per counted step, not once per micro-batch
         if self.n_digits.device == device:
             return self.n_tokens, self.n_digits
         if device not in self._on_device:

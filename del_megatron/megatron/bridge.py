@@ -107,7 +107,7 @@ def enable_numerical_loss(
     NumericalLossConfig.
 
     settings: NumericalLossConfig's keyword arguments (loss, alpha, reduction, digit_share,
-    slot_logits, ignore_index), with its defaults. tokenizer: the run's (Bridge/Megatron, Hugging
+    slot_logits), with its defaults. tokenizer: the run's (Bridge/Megatron, Hugging
     Face, SentencePiece, tiktoken, or a tokenizer file; default: the ConfigContainer's own); the
     digit ids are read from it, or `vocab` is held against it. A chunking tokenizer (Llama-3)
     gets the term on its single-digit tokens, or with slot_logits on every digit of its

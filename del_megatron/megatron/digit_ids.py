@@ -20,8 +20,8 @@ from . import registration as reg
 
 SINGLE_DIGITS_OF_CHUNKS = (
     "del_megatron: the run's tokenizer cuts numbers into chunks of up to three digits; DEL "
-    "acts on its ten single-digit tokens (--del-slot-logits length gives every digit of its "
-    "multi-digit tokens a term: docs/DEL.md, 'Which slot rule')"
+    "acts on its ten single-digit tokens (%s gives every digit of its multi-digit tokens a "
+    "term: docs/DEL.md, 'Which slot rule')"
 )
 
 
@@ -39,11 +39,11 @@ def tokenizer_vocab(tokenizer: Any, allow_multi_digit_tokens: bool) -> Optional[
         return None
 
 
-def slots_without_chunks(slot_rule: str, names: Names) -> ValueError:
+def _slots_without_chunks(slot_rule: str, names: Names) -> ValueError:
     return ValueError(
         f"{names('slot_logits', slot_rule)} gives a chunking tokenizer's multi-digit tokens "
-        "their terms, and this run has none (its tokenizer has one digit a token, or no text "
-        f"to read them from): drop {names('slot_logits')}"
+        "their terms, and this run's digit ids have none (one digit a token, or ten single-digit "
+        f"ids given): drop {names('slot_logits')}"
     )
 
 
@@ -95,10 +95,10 @@ def _as_asked(read: DigitVocab, slot_rule: Optional[str], names: Names) -> Digit
     refused."""
     if slot_rule is None:
         if read.chunked:
-            reg.log_once("chunks", SINGLE_DIGITS_OF_CHUNKS)
+            reg.log_once("chunks", SINGLE_DIGITS_OF_CHUNKS, names("slot_logits", "length"))
         return read.single_digits_only()
     if not read.chunked:
-        raise slots_without_chunks(slot_rule, names)
+        raise _slots_without_chunks(slot_rule, names)
     return read
 
 
@@ -134,9 +134,9 @@ def resolve_vocab(
     read = None if tokenizer is None else tokenizer_vocab(tokenizer, allow_multi_digit_tokens)
     if read is None:
         if slot_rule is not None and not given.chunked:
-            raise slots_without_chunks(slot_rule, names)
+            raise _slots_without_chunks(slot_rule, names)
         reason = (
-            "the run's tokenizer has no text to read digits from"
+            "there is no tokenizer with text to read digits from"
             if tokenizer is None
             else f"del_megatron cannot read digits from a {type(tokenizer).__name__}"
         )
@@ -152,5 +152,5 @@ def resolve_vocab(
         read = _as_asked(read, slot_rule, names)
     fix = f"drop {names('slot_logits')} to give the term to the single digits only"
     check_given_vocab(given, read, names("vocab"), points is not None or not names.flags, fix)
-    reg.log_once("ids", "del_megatron: %s match the run's tokenizer", names("vocab"))
+    reg.log_once("ids", "del_megatron: the ids of %s match the run's tokenizer", names("vocab"))
     return given

@@ -16,12 +16,14 @@ from ..config import (
     FLAGS,
     LOSSES,
     REDUCTIONS,
+    SCALAR_SETTINGS,
     NumericalLossConfig,
     check_settings,
+    field_of,
     unused_weight_settings,
 )
 from ..kernels.linear import DEFAULT_WEIGHT_GRADIENT, WEIGHT_GRADIENTS
-from ..slots import DEFAULT_SLOT_LOGITS, RULES
+from ..slots import RULES
 from ..vocab import DigitVocab
 from . import registration as reg
 from .digit_ids import resolve_vocab
@@ -232,24 +234,18 @@ def check_flags_need_a_loss(args: Any) -> None:
 def say_unused_weight_flags(args: Any) -> None:
     """With --numerical-loss ce, log once the weight flags given that the control arm does not
     read (the DEL arm's command line may keep them)."""
-    given = {setting for setting, flag in FLAGS.items() if flag in _set_del_flags(args)}
+    given = [setting for setting, flag in FLAGS.items() if flag in _set_del_flags(args)]
     line = unused_weight_settings(getattr(args, "numerical_loss", None), given, FLAG_NAMES)
     if line:
         reg.log_once("unused weight settings", "%s", line)
 
 
 def _settings(args: Any) -> dict:
-    """NumericalLossConfig's settings as the flags give them; the control arm's weight
-    settings are left at their defaults (it reads none of them: say_unused_weight_flags)."""
-    loss = args.numerical_loss or "ce"
-    settings = dict(
-        loss=loss,
-        alpha=args.del_alpha,
-        slot_logits=getattr(args, "del_slot_logits", None) or DEFAULT_SLOT_LOGITS,
-    )
-    if loss != "ce":
-        settings.update(reduction=args.del_reduction, digit_share=args.del_digit_share)
-    return settings
+    """NumericalLossConfig's settings as the flags give them (no --numerical-loss: "ce", a
+    logits-free stock cross-entropy)."""
+    given = {setting: getattr(args, field_of(setting), None) for setting in SCALAR_SETTINGS}
+    given["loss"] = given["loss"] or "ce"
+    return {setting: value for setting, value in given.items() if value is not None}
 
 
 def check_flags(args: Any) -> None:
@@ -257,15 +253,7 @@ def check_flags(args: Any) -> None:
     parses the command line): a forgotten --numerical-loss, config.check_settings (the weight,
     the reduction and its share), and slot flags that contradict each other."""
     check_flags_need_a_loss(args)
-    settings = _settings(args)
-    check_settings(
-        settings["loss"],
-        settings["alpha"],
-        settings.get("reduction", DEFAULT_REDUCTION),
-        settings.get("digit_share"),
-        settings["slot_logits"],
-        FLAG_NAMES,
-    )
+    check_settings(**_settings(args), names=FLAG_NAMES)
     _slot_rule(args)
 
 

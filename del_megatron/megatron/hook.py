@@ -24,7 +24,13 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ..config import API_NAMES, NumericalLossConfig, unused_weight_settings
+from ..config import (
+    API_NAMES,
+    SCALAR_SETTINGS,
+    NumericalLossConfig,
+    check_settings,
+    unused_weight_settings,
+)
 from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
 from ..loss import LossParts, loss_parts, numerical_linear_loss
 from ..sequence import check_balancing
@@ -249,6 +255,8 @@ def unregister() -> None:
 
 
 def is_registered() -> bool:
+    """Whether LanguageModule's loss method is del_megatron's (between register and
+    unregister)."""
     return hasattr(capture.language_module(), _MARKER)
 
 
@@ -259,9 +267,17 @@ def config_of_arguments(
     settings: Mapping[str, Any],
 ) -> NumericalLossConfig:
     """The NumericalLossConfig of Bridge's and NeMo's enable_numerical_loss: `settings` are its
-    keyword arguments (loss, alpha, reduction, digit_share, slot_logits, ignore_index), the
+    keyword arguments (loss, alpha, reduction, digit_share, slot_logits), checked first; the
     digit ids are `vocab` (held against `tokenizer` when there is one) or the tokenizer's
-    (digit_ids.resolve_vocab). With loss "ce" the weight settings given are said unused."""
+    (digit_ids.resolve_vocab). With loss "ce" the weight settings set away from their defaults
+    are said unused."""
+    unknown = sorted(set(settings) - set(SCALAR_SETTINGS))
+    if unknown:
+        raise TypeError(
+            f"enable_numerical_loss got {', '.join(unknown)}: its settings are "
+            f"{', '.join(SCALAR_SETTINGS)} (NumericalLossConfig's)"
+        )
+    check_settings(**settings)
     vocab = resolve_vocab(
         tokenizer,
         vocab,
@@ -270,7 +286,9 @@ def config_of_arguments(
         slot_rule=settings.get("slot_logits"),
     )
     cfg = NumericalLossConfig(vocab=vocab, **settings)
-    line = unused_weight_settings(cfg.loss, settings)
+    defaults = NumericalLossConfig.__dataclass_fields__
+    changed = [name for name, value in settings.items() if value != defaults[name].default]
+    line = unused_weight_settings(cfg.loss, changed)
     if line:
         reg.log_once("unused weight settings", "%s", line)
     return cfg

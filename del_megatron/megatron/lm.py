@@ -67,8 +67,8 @@ __all__ = [
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Megatron-LM's extra-args provider: the DEL flags (args.add_arguments), checked as soon as
-    the parser has parsed them (args.check_flags): a refusal is one line on rank 0 before
+    """Megatron-LM's extra-args provider: the DEL flags (flags.add_arguments), checked as soon as
+    the parser has parsed them (flags.check_flags): a refusal is one line on rank 0 before
     Megatron-LM validates and prints its arguments."""
     flags.add_arguments(parser)
     refusals.check_when_parsed(parser, flags.check_flags)
@@ -180,7 +180,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss is None and not logits_free:
         return None
-    refusals.check_settings(args, weight_gradient_of(logits_free))
+    refusals.check_megatron_settings(args, weight_gradient_of(logits_free))
     cfg = flags.config_from_args(args, tokenizer)
     install_interval_means()  # the console's digit entries: means over digit targets
     numerical = cfg.loss != "ce"

@@ -128,7 +128,7 @@ def enable_numerical_loss(
     loss hook is registered.
 
     settings: NumericalLossConfig's keyword arguments (loss, alpha, reduction, digit_share,
-    slot_logits, ignore_index), with its defaults. Digit ids come from `vocab`, else
+    slot_logits), with its defaults. Digit ids come from `vocab`, else
     `tokenizer`, else `model.tokenizer`, as in Bridge's enable_numerical_loss, which also says
     what allow_multi_digit_tokens and logits_free do. The "digit" reduction here averages the
     term over each micro-batch's digit targets (NeMo normalises each micro-batch by its own

@@ -256,7 +256,7 @@ def check_sharded_weight(weight: torch.Tensor) -> None:
         )
 
 
-def check_settings(settings: Any, logits_free: Optional[str] = None) -> None:
+def check_megatron_settings(settings: Any, logits_free: Optional[str] = None) -> None:
     """Every refusal that applies to `settings` (logits_free: the weight gradient's route, or
     None when the loss keeps its logits)."""
     check_fusion_impl(settings)
@@ -301,10 +301,10 @@ def fusion_replacement(impl: str, logits_free: Optional[str] = None) -> str:
 
 
 def check_model_config(config: Any, logits_free: Optional[str] = None) -> None:
-    """Refuse a model config del_megatron cannot train right (check_settings; logits_free:
+    """Refuse a model config del_megatron cannot train right (check_megatron_settings; logits_free:
     the weight-gradient route, None when the loss keeps its logits), and log once which fused
     cross-entropy it replaces."""
-    check_settings(config, logits_free)
+    check_megatron_settings(config, logits_free)
     if getattr(config, "cross_entropy_loss_fusion", False):
         impl = getattr(config, "cross_entropy_fusion_impl", "native")
         reg.log_once("fusion", "del_megatron: %s", fusion_replacement(impl, logits_free))

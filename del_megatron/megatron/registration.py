@@ -78,6 +78,7 @@ def current() -> Optional[Registration]:
 
 
 def begin(registration: Registration) -> None:
+    """Make `registration` the current one (register() does), forgetting the previous one's."""
     _current["registration"] = registration
 
 
@@ -89,6 +90,7 @@ def end() -> None:
 
 
 def is_rank_zero() -> bool:
+    """Whether this process is global rank 0 (RANK before torch.distributed is initialised)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
     return os.environ.get("RANK", "0") == "0"  # before Megatron initialises distributed
@@ -134,6 +136,7 @@ def record(
 
 
 def find(output: torch.Tensor) -> Optional[Record]:
+    """The record of the [b, s] loss `output` the hook returned (by identity), None if none."""
     registration = current()
     for rec in reversed(registration.records if registration is not None else ()):
         if rec.output is output:
@@ -150,6 +153,11 @@ def of_model(model: Any) -> Optional[NumericalLossConfig]:
     if registration is not None and registration.cfg is not None:
         return registration.cfg
     return NumericalLossConfig.from_fields(getattr(model, "config", None))
+
+
+def config_fields(cfg: NumericalLossConfig) -> Dict[str, Any]:
+    """The model-config fields that carry `cfg` (NumericalLossConfig.to_fields)."""
+    return cfg.to_fields()
 
 
 def settings_line(cfg: NumericalLossConfig) -> str:

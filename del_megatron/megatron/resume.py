@@ -196,6 +196,7 @@ def announce(checkpoint_args: Any, args: Any) -> None:
 
 
 def _wrap(check: Callable, module: Any) -> Callable:
+    # Megatron-LM's own check first (it may refuse), then the announcement
 
     @functools.wraps(check)
     def check_checkpoint_args(checkpoint_args, *args, **kwargs):

@@ -66,8 +66,8 @@ def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
                     model(tokens, positions, None, labels=labels)
             finally:
                 dmm.unregister()
-    calls, check = [], refusals.check_settings
-    refusals.check_settings = lambda *args: calls.append(args) or check(*args)
+    calls, check = [], refusals.check_megatron_settings
+    refusals.check_megatron_settings = lambda *args: calls.append(args) or check(*args)
     model = build_gpt(tp)
     dmm.register(CFG)
     try:
@@ -75,5 +75,5 @@ def check_refused_when_the_hook_first_sees_the_model(tp: int) -> None:
             model(tokens, positions, None, labels=labels)
     finally:
         dmm.unregister()
-        refusals.check_settings = check
+        refusals.check_megatron_settings = check
     assert len(calls) == 1, calls
