@@ -28,7 +28,7 @@ MATH = (
     "tokenizers",
     "loss",
 )
-GLUE = ("megatron", "cpu", "demo", "cli", "preflight")
+GLUE = ("megatron", "automodel", "cpu", "demo", "cli", "preflight")
 
 
 def _modules(package: Path = PACKAGE) -> Dict[str, Path]:
