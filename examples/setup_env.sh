@@ -8,12 +8,15 @@
 #   bash examples/setup_env.sh bridge   .venv312-bridge  .venv312 plus megatron-bridge 0.6.2,
 #                                                        nemo_toolkit 2.7.0 (and what they import)
 #                                                        and nvidia-resiliency-ext 0.7.0
+#   bash examples/setup_env.sh automodel .venv-automodel .venv plus nemo-automodel 0.7.0 (its
+#                                                        transformers 5.18.0, triton 3.8.0)
 # Pins: tests/requirements-cpu.txt, tests/requirements-py312.txt, tests/requirements-bridge.txt,
-# tests/requirements-nvrx.txt.
+# tests/requirements-nvrx.txt, tests/requirements-automodel.txt.
 # The bridge environment is a layer over .venv312 (its site-packages are on the path through a
 # .pth file), so that Megatron-LM runs in .venv312 do not import what Bridge and NeMo bring:
 # Megatron-LM imports nvidia-modelopt whenever it is installed (11 s in every process). The layer
 # has its own transformers 5.12.1 and tokenizers 0.22.2 (Bridge's pins), which shadow .venv312's.
+# The automodel environment is the same kind of layer over .venv (torch 2.13.0 CPU).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -23,7 +26,9 @@ case "${1:-py311}" in
   bridge) bash "$0" py312
     version=3.12 venv=.venv312-bridge requirements=tests/requirements-bridge.txt
     nvrx=tests/requirements-nvrx.txt ;;
-  *) echo "usage: $0 [py311|py312|bridge]" >&2; exit 2 ;;
+  automodel) bash "$0" py311
+    version=3.11 venv=.venv-automodel requirements=tests/requirements-automodel.txt ;;
+  *) echo "usage: $0 [py311|py312|bridge|automodel]" >&2; exit 2 ;;
 esac
 
 find_python() {  # python$1 on PATH, else a pyenv install of it
@@ -47,7 +52,12 @@ nodeps=tests/requirements-nodeps.txt
 if [ ! -f "$stamp" ] || [ "$requirements" -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
     || [ "${nvrx:-$requirements}" -nt "$stamp" ] || [ "$nodeps" -nt "$stamp" ]; then
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-  if [ "$venv" = .venv312-bridge ]; then
+  if [ "$venv" = .venv-automodel ]; then
+    base=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import site; site.addsitedir('$base')" >"$own/del_megatron_base_env.pth"
+    "${pip[@]}" -r "$requirements"  # beside .venv's torch: nothing pulls another build
+  elif [ "$venv" = .venv312-bridge ]; then
     base=$(.venv312/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "import site; site.addsitedir('$base')" >"$own/del_megatron_base_env.pth"

@@ -12,7 +12,9 @@
 #          on Python 3.11 also docker/launch.sh on this machine and the demo's torchrun runs
 #          (tests/e2e/test_launch_cpu.py, tests/e2e/test_demo_runs.py)
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)
-# Usage: bash tests/run.sh [lint|wheel|unit|e2e|image ...]; DEL_TEST_ENVS="py311" limits the
+#   automodel  NeMo AutoModel 0.7.0's own recipe with the numerical loss on CPU, in its pinned
+#          layer over the Python 3.11 environment (.venv-automodel: tests/test_automodel.py)
+# Usage: bash tests/run.sh [lint|wheel|unit|e2e|image|automodel ...]; DEL_TEST_ENVS="py311" limits the
 # environments; extra pytest arguments go in PYTEST_ARGS. With no argument (CI) the stages run
 # one after another; only the Python 3.12 set-up runs beside lint, wheel and the Python 3.11 unit
 # tests (the image stage takes torch from that environment).
@@ -23,7 +25,10 @@ envs=${DEL_TEST_ENVS:-"py311 py312"}
 stages=("$@")
 
 venv_of() {
-  case "$1" in py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;; esac
+  case "$1" in
+    py311) echo .venv ;; py312) echo .venv312 ;; bridge) echo .venv312-bridge ;;
+    automodel) echo .venv-automodel ;;
+  esac
 }
 
 setup_pid=""  # everything()'s Python 3.12 set-up while it runs beside lint and unit (py311)
@@ -67,6 +72,10 @@ unit_in() {
   fi
 }
 
+automodel_in() {
+  DEL_TEST_AUTOMODEL=1 pytest_in automodel tests/test_automodel.py tests/test_automodel_loss.py
+}
+
 e2e_in() {
   # docker/launch.sh on this machine and the demo's torchrun runs: on 3.11 (the main job's
   # environment); on 3.12 launch.sh runs in the image stage's containers
@@ -86,7 +95,12 @@ everything() {
   # them is often descheduled).
   local setup_log rc=0
   setup_log=$(mktemp /tmp/del-megatron-setup-py312.XXXXXX)
-  stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge >"$setup_log" 2>&1 &
+  # the AutoModel layer (over .venv, which lint builds first) after it, in the same stream
+  {
+    stage "set-up (py312, bridge)" bash examples/setup_env.sh bridge
+    until [ -f .venv/.del-megatron-installed ]; do sleep 5; done
+    stage "set-up (automodel)" bash examples/setup_env.sh automodel
+  } >"$setup_log" 2>&1 &
   setup_pid=$!
   trap stop_setup EXIT
   stage lint lint
@@ -96,11 +110,12 @@ everything() {
   setup_pid=""
   cat "$setup_log"
   rm -f "$setup_log"
-  [ "$rc" = 0 ] || { echo "set-up (py312) failed" >&2; return "$rc"; }
+  [ "$rc" = 0 ] || { echo "set-up (py312, automodel) failed" >&2; return "$rc"; }
   stage "e2e (py311)" e2e_in py311
   stage "unit (py312)" unit_in py312
   stage "e2e (py312)" e2e_in py312
   stage image bash tests/image/run.sh
+  stage automodel automodel_in
 }
 
 if [ "${#stages[@]}" -eq 0 ]; then
@@ -116,6 +131,7 @@ for name in "${stages[@]}"; do
     unit) for env in $envs; do stage "unit ($env)" unit_in "$env"; done ;;
     e2e) for env in $envs; do stage "e2e ($env)" e2e_in "$env"; done ;;
     image) stage image bash tests/image/run.sh ;;
-    *) echo "unknown stage $name: lint, wheel, unit, e2e or image" >&2; exit 2 ;;
+    automodel) stage automodel automodel_in ;;
+    *) echo "unknown stage $name: lint, wheel, unit, e2e, image or automodel" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,98 @@
+"""NeMo AutoModel's LLM recipe with the numerical loss's step accounting and report.
+
+Named by the YAML's `recipe: del_megatron.automodel.recipe.NumericalLossRecipe`. Over AutoModel's
+TrainFinetuneRecipeForNextTokenPrediction it:
+- refuses before step 1, in one line on rank 0, what the loss cannot compute exactly: context
+  and pipeline parallelism, packed (THD) batches, a domain mixture (from the YAML, before
+  AutoModel builds anything), and a loss_fn that is no longer ours (AutoModel swaps a custom
+  loss for MaskedCrossEntropy when the model's forward has no `logits_to_keep`);
+- gives the loss the run's tokenizer when its YAML names no digit ids;
+- counts each step's digit targets over its micro-batches and data-parallel ranks before the
+  first forward, as the recipe counts num_label_tokens (the "digit" reduction's unit);
+- adds `ce loss`, `<loss> term`, `digit acc`, `digit entropy`, `digit target prob`,
+  `digit distance` and `digit tokens` (Megatron-LM's names) to each step's metrics, which
+  AutoModel writes to training.jsonl and its remote loggers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
+
+from ..megatron.refusals import one_line
+from .loss import SUMS, NumericalLoss
+
+
+def _refusal(cause: str, fix: str) -> ValueError:
+    return ValueError(f"del_megatron: {cause}: {fix}")
+
+
+class NumericalLossRecipe(TrainFinetuneRecipeForNextTokenPrediction):
+    """AutoModel's next-token recipe with the numerical loss (module docstring)."""
+
+    def setup(self) -> None:
+        one_line(self._check_the_config)()
+        super().setup()
+        one_line(self._check_what_setup_built)()
+
+    def _check_the_config(self) -> None:
+        """Refusals the YAML decides, before AutoModel builds anything (one line on rank 0, exit
+        code 2)."""
+        cfg = self.cfg
+        if (cfg.get("distributed.pp_size", 1) or 1) > 1:
+            raise _refusal(
+                "pipeline parallelism hands the loss no num_label_tokens and is not tested with "
+                "the numerical loss",
+                "set distributed.pp_size: 1",
+            )
+        if (cfg.get("distributed.cp_size", 1) or 1) > 1:
+            raise _refusal(
+                "context parallelism gives the loss each rank's chunks of a sequence without their "
+                "places in it, so a number cut at a chunk seam would be weighed wrong",
+                "set distributed.cp_size: 1",
+            )
+        dataloader = cfg.dataloader
+        packed = (cfg.get("packed_sequence.packed_sequence_size", 0) or 0) > 0
+        if packed or (dataloader is not None and (dataloader.emits_thd or dataloader.packing)):
+            raise _refusal(
+                "packed (THD) batches reach the loss without their document boundaries, so a "
+                "number would run on across a document start",
+                "drop the packing (packed_sequence_size, the THD collater) from the dataloader",
+            )
+        if cfg.get("domain_mixture") is not None:
+            raise _refusal(
+                "a domain mixture weighs each token by its dataset, which the numerical loss "
+                "does not",
+                "drop domain_mixture",
+            )
+
+    def _check_what_setup_built(self) -> None:
+        """The loss is still ours (AutoModel may have swapped it), and it gets the digit ids
+        and the vocabulary size from the run's tokenizer and model."""
+        loss = self.loss_fn
+        if not isinstance(loss, NumericalLoss):
+            raise _refusal(
+                f"the recipe's loss is {type(loss).__name__}, not del_megatron's NumericalLoss "
+                "(AutoModel replaces a custom loss by MaskedCrossEntropy when the model's forward "
+                "takes no logits_to_keep)",
+                "use a model whose forward takes logits_to_keep (AutoModel's and Hugging Face's "
+                "Llama and Qwen2 do), and name del_megatron.automodel.loss.NumericalLoss in "
+                "loss_fn",
+            )
+        cfg = loss.cfg if loss.cfg is not None else loss.bind_tokenizer(self.tokenizer)
+        vocab_size = getattr(getattr(self.model_parts[0], "config", None), "vocab_size", None)
+        if isinstance(vocab_size, int):
+            cfg.vocab.check_vocab_size(vocab_size)
+            loss.vocab_size = vocab_size
+
+    def _run_train_optim_step(self, batches, max_grad_norm: Optional[float] = None) -> Any:
+        loss: NumericalLoss = self.loss_fn
+        digits = loss.count_digit_targets(batch["labels"] for batch in batches)
+        loss.begin_step(self._dp_allreduce(digits.cpu()))
+        sample = super()._run_train_optim_step(batches, max_grad_norm)
+        sums = loss.step_sums()
+        totals = self._dp_allreduce(torch.stack([sums[name].cpu() for name in SUMS]))
+        sample.metrics.update(loss.entries(dict(zip(SUMS, totals.unbind(), strict=True))))
+        return sample

@@ -1,0 +1,44 @@
+"""A map-style dataset of number-rich token rows for NeMo AutoModel's recipe in
+tests/test_automodel.py (named by `_target_` in its YAML), and a launcher that makes the recipe
+think the model's forward takes no logits_to_keep (the case where AutoModel swaps a custom loss
+for MaskedCrossEntropy)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Dict, List
+
+import torch
+
+DIGIT_IDS = list(range(3, 13))  # '0'..'9'; 13 is '.'
+VOCAB = 128
+
+
+class DigitRows(torch.utils.data.Dataset):
+    """num_samples rows of seq_len + 1 tokens drawn from ids 0..23 (about 40 % digits, so
+    numbers of several digits), fixed by seed: input_ids the first seq_len, labels the last."""
+
+    def __init__(self, num_samples: int = 64, seq_len: int = 32, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.rows = torch.randint(0, 24, (num_samples, seq_len + 1), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Dict[str, List[int]]:
+        row = self.rows[index]
+        return {"input_ids": row[:-1].tolist(), "labels": row[1:].tolist()}
+
+
+def main_without_logits_to_keep() -> None:
+    """del_megatron.cpu.automodel's main, with AutoModel told that no model takes logits_to_keep."""
+    import nemo_automodel.recipes.llm.train_ft as train_ft
+
+    from del_megatron.cpu.automodel import main
+
+    train_ft._supports_logits_to_keep = lambda model: False
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    main_without_logits_to_keep()
