@@ -1,7 +1,8 @@
 """A map-style dataset of number-rich token rows for NeMo AutoModel's recipe in
-tests/test_automodel.py (named by `_target_` in its YAML), and a launcher that makes the recipe
-think the model's forward takes no logits_to_keep (the case where AutoModel swaps a custom loss
-for MaskedCrossEntropy)."""
+tests/test_automodel.py (named by `_target_` in its YAML), and two launchers over
+del_megatron.cpu.automodel: one makes the recipe think the model's forward takes no
+logits_to_keep (the case where AutoModel swaps a custom loss for MaskedCrossEntropy), one prints
+each parameter's whole gradient norm at the first step."""
 
 from __future__ import annotations
 
@@ -40,5 +41,29 @@ def main_without_logits_to_keep() -> None:
     sys.exit(main())
 
 
+def main_printing_gradient_norms() -> None:
+    """del_megatron.cpu.automodel's main; at the first step rank 0 prints `GRAD name norm` for
+    every parameter (its whole gradient, gathered from its DTensor shards)."""
+    import nemo_automodel.recipes.llm.train_ft as train_ft
+    from torch.distributed.tensor import DTensor
+
+    from del_megatron.cpu.automodel import main
+
+    clip, steps = train_ft.scale_grads_and_clip_grad_norm, []
+
+    def printing(max_grad_norm, model_parts, **kwargs):
+        if not steps:
+            for name, param in model_parts[0].named_parameters():
+                grad = param.grad
+                whole = grad.full_tensor() if isinstance(grad, DTensor) else grad
+                if torch.distributed.get_rank() == 0:
+                    print(f"GRAD {name} {float(whole.double().norm())!r}", flush=True)
+        steps.append(1)
+        return clip(max_grad_norm, model_parts, **kwargs)
+
+    train_ft.scale_grads_and_clip_grad_norm = printing
+    sys.exit(main())
+
+
 if __name__ == "__main__":
-    main_without_logits_to_keep()
+    {"swap": main_without_logits_to_keep, "grads": main_printing_gradient_norms}[sys.argv.pop(1)]()

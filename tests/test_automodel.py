@@ -126,6 +126,8 @@ class Run:
 
 
 def run(cfg: Dict[str, Any], out: Path, nproc: int = 1, module: str = "del_megatron.cpu.automodel"):
+    """torchrun -m `module` CONFIG.yaml; a launcher of tests/automodel_data.py is named as
+    "tests.automodel_data swap" or "... grads"."""
     out.mkdir(parents=True, exist_ok=True)
     cfg["checkpoint"]["checkpoint_dir"] = str(out)
     path = out / "config.yaml"
@@ -137,7 +139,7 @@ def run(cfg: Dict[str, Any], out: Path, nproc: int = 1, module: str = "del_megat
         f"--nproc-per-node={nproc}",
         f"--master-port={free_port()}",
         "-m",
-        module,
+        *module.split(),
         str(path),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -197,6 +199,29 @@ def test_tensor_parallel_2(tiny_llama, tmp_path):
         print(f"grad norm {a['grad_norm']!r} / {b['grad_norm']!r}")
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+
+
+def gradient_norms(result: Run) -> Dict[str, float]:
+    lines = [line.split() for line in result.output.splitlines() if line.startswith("GRAD ")]
+    return {name: float(norm) for _, name, norm in lines}
+
+
+def test_at_tensor_parallel_2_every_gradient_the_loss_reaches_is_tp_1s(tiny_llama, tmp_path):
+    """Step 1's whole gradient of every parameter, TP 2 against TP 1, DEL at alpha 0.3: the
+    output layer, whose gradient comes from the loss on each rank's vocab shard, and every layer
+    below it agree. The input embedding is left out: AutoModel 0.7.0 gives its vocab-sharded
+    embedding another gradient at TP 2 on CPU, with its own MaskedCrossEntropy too."""
+    cfg = {"step_scheduler.max_steps": 1}
+    grads = "tests.automodel_data grads"
+    one = ok(run(config(tiny_llama, tmp_path / "1", **cfg), tmp_path / "1", module=grads))
+    cfg["distributed.tp_size"] = 2
+    two = ok(run(config(tiny_llama, tmp_path / "2", **cfg), tmp_path / "2", 2, module=grads))
+    norms_1, norms_2 = gradient_norms(one), gradient_norms(two)
+    assert set(norms_1) == set(norms_2) and "lm_head.weight" in norms_1 and len(norms_1) > 10
+    for name, norm in norms_1.items():
+        print(f"{name}: TP 1 {norm!r}, TP 2 {norms_2[name]!r}")
+        if name != "model.embed_tokens.weight":
+            assert norms_2[name] == pytest.approx(norm, rel=1e-6), name
 
 
 def test_alpha_0_and_the_control_arm_train_what_masked_cross_entropy_trains(tiny_llama, tmp_path):
@@ -272,7 +297,7 @@ def test_a_continued_run_writes_a_hugging_face_folder_transformers_loads(tiny_ll
         (
             {},
             1,
-            "tests.automodel_data",
+            "tests.automodel_data swap",
             "the recipe's loss is MaskedCrossEntropy, not del_megatron's",
         ),
         ({"distributed.pp_size": 2}, 2, None, "pipeline parallelism hands the loss no"),
