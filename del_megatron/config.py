@@ -270,6 +270,8 @@ class NumericalLossConfig:
         return cfg
 
 
+_FIELDS = tuple(field_of(s) for s in SCALAR_SETTINGS) + VOCAB_FIELDS  # from_fields' order
+
+
 def _values(model_config: Any) -> tuple:
-    names = [field_of(s) for s in SCALAR_SETTINGS] + list(VOCAB_FIELDS)
-    return tuple(getattr(model_config, name, None) for name in names)
+    return tuple(getattr(model_config, name, None) for name in _FIELDS)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..config import API_NAMES, NumericalLossConfig, check_settings
 from ..digit_stats import digit_stats
-from ..loss import loss_parts
+from ..loss import digit_term_scale, loss_parts
 from ..numbers import number_layout
 from ..vocab import DigitVocab
 
@@ -159,22 +159,22 @@ class NumericalLoss:
         self._step_digits = digit_targets
         self._sums = None
 
-    def step_sums(self) -> Dict[str, torch.Tensor]:
-        """This rank's sums over the step's micro-batches so far (SUMS), for the recipe to
-        all-reduce over data parallel and turn into report entries (entries)."""
-        sums = torch.zeros(len(SUMS), dtype=torch.float64) if self._sums is None else self._sums
-        return dict(zip(SUMS, sums.unbind(), strict=True))
+    def step_sums(self) -> torch.Tensor:
+        """[len(SUMS)] float64: this rank's sums over the step's micro-batches so far, in SUMS'
+        order, for the recipe to all-reduce over data parallel and pass to entries()."""
+        return torch.zeros(len(SUMS), dtype=torch.float64) if self._sums is None else self._sums
 
-    def entries(self, sums: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        """Report entries (Megatron-LM's names) from sums over a step's ranks and micro-batches;
-        the term's only where there is one, and none over digit targets that are not there."""
-        loss = self._config().loss
-        out: Dict[str, float] = {"digit tokens": float(sums["digits"])}
+    def entries(self, sums: torch.Tensor) -> Dict[str, float]:
+        """Report entries (Megatron-LM's names) from sums ([len(SUMS)], as step_sums) over a
+        step's ranks and micro-batches; the term's only where there is one, and none over digit
+        targets that are not there."""
+        loss, sums = self._config().loss, dict(zip(SUMS, sums.tolist(), strict=True))
+        out: Dict[str, float] = {"digit tokens": sums["digits"]}
         for name, numerator, denominator in ENTRIES:
             if numerator == "term" and loss == "ce":
                 continue
-            if float(sums[denominator]) > 0:
-                out[name.format(loss=loss)] = float(sums[numerator] / sums[denominator])
+            if sums[denominator] > 0:
+                out[name.format(loss=loss)] = sums[numerator] / sums[denominator]
         return out
 
     def __call__(
@@ -228,11 +228,11 @@ class NumericalLoss:
         if cfg.loss == "ce" or cfg.reduction == "token":
             return cfg.token_weight
         if num_label_tokens is None:  # validation: this batch's own mean over digit targets
-            return cfg.alpha * batch_tokens / batch_digits.clamp(min=1)
+            return cfg.alpha * digit_term_scale(batch_tokens, batch_digits)
         if self._step_digits is None:
             raise RuntimeError(NO_STEP_COUNT)
         digits = self._step_digits.to(batch_digits.device, batch_digits.dtype)
-        return cfg.alpha * num_label_tokens / digits.clamp(min=1)
+        return cfg.alpha * digit_term_scale(num_label_tokens, digits)
 
     def _add(self, ce, term, stats, tokens) -> None:
         these = torch.stack(

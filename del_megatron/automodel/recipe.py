@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
 from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
 
 from ..megatron.refusals import one_line
-from .loss import SUMS, NumericalLoss
+from .loss import NumericalLoss
 
 
 def _refusal(cause: str, fix: str) -> ValueError:
@@ -92,7 +91,6 @@ class NumericalLossRecipe(TrainFinetuneRecipeForNextTokenPrediction):
         digits = loss.count_digit_targets(batch["labels"] for batch in batches)
         loss.begin_step(self._dp_allreduce(digits.cpu()))
         sample = super()._run_train_optim_step(batches, max_grad_norm)
-        sums = loss.step_sums()
-        totals = self._dp_allreduce(torch.stack([sums[name].cpu() for name in SUMS]))
-        sample.metrics.update(loss.entries(dict(zip(SUMS, totals.unbind(), strict=True))))
+        totals = self._dp_allreduce(loss.step_sums().cpu())
+        sample.metrics.update(loss.entries(totals))
         return sample
