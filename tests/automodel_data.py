@@ -1,8 +1,9 @@
 """A map-style dataset of number-rich token rows for NeMo AutoModel's recipe in
-tests/test_automodel.py (named by `_target_` in its YAML), and two launchers over
+tests/test_automodel.py (named by `_target_` in its YAML); two launchers over
 del_megatron.cpu.automodel: one makes the recipe think the model's forward takes no
 logits_to_keep (the case where AutoModel swaps a custom loss for MaskedCrossEntropy), one prints
-each parameter's whole gradient norm at the first step."""
+each parameter's whole gradient norm at the first step; and one that prints the gradient
+AutoModel's fp32 RMSNorm passes to an all-reduced input."""
 
 from __future__ import annotations
 
@@ -65,5 +66,34 @@ def main_printing_gradient_norms() -> None:
     sys.exit(main())
 
 
+def main_rms_norm_input_gradients() -> None:
+    """Under torchrun (2 processes, gloo): rank 0 prints `RMSNORM <norm> <input> <grad norm or
+    None>`, the gradient that reaches an RMSNorm's input [2, 4, 8], for AutoModel's
+    Float32RMSNorm and torch's nn.RMSNorm, the input a plain tensor (2x) or the all-reduce of x
+    over the 2 ranks (an AsyncCollectiveTensor, as a TP embedding's output)."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from nemo_automodel.components.models.common.utils import Float32RMSNorm
+
+    dist.init_process_group("gloo")
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0))
+    norms = {
+        "Float32RMSNorm": Float32RMSNorm(8, dtype=torch.float32),
+        "nn.RMSNorm": torch.nn.RMSNorm(8, eps=1e-5),
+    }
+    for name, norm in norms.items():
+        for kind in ("plain", "all-reduced"):
+            y = x * 2 if kind == "plain" else funcol.all_reduce(x, "sum", dist.group.WORLD)
+            y.requires_grad_()
+            (grad,) = torch.autograd.grad(norm(y).sum(), y, allow_unused=True)
+            if dist.get_rank() == 0:
+                print(f"RMSNORM {name} {kind} {None if grad is None else float(grad.norm())!r}")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"swap": main_without_logits_to_keep, "grads": main_printing_gradient_norms}[sys.argv.pop(1)]()
+    {
+        "swap": main_without_logits_to_keep,
+        "grads": main_printing_gradient_norms,
+        "rms_norm": main_rms_norm_input_gradients,
+    }[sys.argv.pop(1)]()

@@ -175,53 +175,63 @@ def test_the_loss_is_the_fp64_oracle_on_the_recipes_first_step(tiny_llama, tmp_p
     assert result.steps[0]["ce loss"] == pytest.approx(float(ce.sum()) / labels.numel(), rel=2e-6)
 
 
-def test_tensor_parallel_2(tiny_llama, tmp_path):
-    """TP 2, the logits a DTensor sharded on the vocabulary and the loss computed on each rank's
-    shard: step 1's loss and entries equal TP 1's; at every step, alpha 0 trains exactly what
-    AutoModel's MaskedCrossEntropy (which gathers the logits) trains at TP 2, loss and grad norm.
-    AutoModel 0.7.0's own TP 2 on CPU differs from its TP 1 in grad norm from step 1 on
-    (MaskedCrossEntropy alike), so later steps are compared at the same TP size."""
-    tp2 = {"distributed.tp_size": 2}
-    one = ok(run(config(tiny_llama, tmp_path / "tp1"), tmp_path / "tp1"))
-    two = ok(run(config(tiny_llama, tmp_path / "tp2", **tp2), tmp_path / "tp2", nproc=2))
-    print(f"step 1 loss: TP 1 {one.steps[0]['loss']!r}, TP 2 {two.steps[0]['loss']!r}")
-    for key in ("loss", "ce loss", "del term", "digit acc", "digit entropy", "digit tokens"):
-        assert two.steps[0][key] == pytest.approx(one.steps[0][key], rel=1e-6), key
-    zero = dict(LOSS, alpha=0.0)
-    ours = ok(
-        run(config(tiny_llama, tmp_path / "a0", loss_fn=zero, **tp2), tmp_path / "a0", nproc=2)
-    )
-    masked = {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"}
-    cfg = config(tiny_llama, tmp_path / "ce", recipe=STOCK, loss_fn=masked, **tp2)
-    stock = ok(run(cfg, tmp_path / "ce", nproc=2))
-    for a, b in zip(ours.steps, stock.steps, strict=True):
-        print(f"TP 2 step {a['step'] + 1}: loss {a['loss']!r} / {b['loss']!r}", end=", ")
-        print(f"grad norm {a['grad_norm']!r} / {b['grad_norm']!r}")
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-
-
 def gradient_norms(result: Run) -> Dict[str, float]:
     lines = [line.split() for line in result.output.splitlines() if line.startswith("GRAD ")]
     return {name: float(norm) for _, name, norm in lines}
 
 
-def test_at_tensor_parallel_2_every_gradient_the_loss_reaches_is_tp_1s(tiny_llama, tmp_path):
-    """Step 1's whole gradient of every parameter, TP 2 against TP 1, DEL at alpha 0.3: the
-    output layer, whose gradient comes from the loss on each rank's vocab shard, and every layer
-    below it agree. The input embedding is left out: AutoModel 0.7.0 gives its vocab-sharded
-    embedding another gradient at TP 2 on CPU, with its own MaskedCrossEntropy too."""
-    cfg = {"step_scheduler.max_steps": 1}
+# AutoModel's default fp32 RMSNorm drops its input's gradient at TP > 1 (the recipe refuses it):
+# the tensor-parallel runs take torch's RMSNorm, TP 1 alike.
+TORCH_RMS_NORM = {
+    "model.backend": {
+        "_target_": "nemo_automodel.components.models.common.BackendConfig",
+        "rms_norm": "torch",
+    }
+}
+
+
+def test_tensor_parallel_2_trains_what_tensor_parallel_1_trains(tiny_llama, tmp_path):
+    """DEL at alpha 0.3, TP 2 (the logits a DTensor sharded on the vocabulary, the loss computed
+    on each rank's shard) against TP 1: at every step the same loss, grad norm and entries, and
+    at step 1 the same gradient of every parameter (the output layer, whose gradient comes from
+    the loss on each rank's vocab shard, and the vocab-parallel input embedding included)."""
     grads = "tests.automodel_data grads"
-    one = ok(run(config(tiny_llama, tmp_path / "1", **cfg), tmp_path / "1", module=grads))
-    cfg["distributed.tp_size"] = 2
-    two = ok(run(config(tiny_llama, tmp_path / "2", **cfg), tmp_path / "2", 2, module=grads))
+    one = ok(
+        run(config(tiny_llama, tmp_path / "1", **TORCH_RMS_NORM), tmp_path / "1", module=grads)
+    )
+    cfg = config(tiny_llama, tmp_path / "2", **TORCH_RMS_NORM, **{"distributed.tp_size": 2})
+    two = ok(run(cfg, tmp_path / "2", nproc=2, module=grads))
+    assert len(one.steps) == len(two.steps) == 3
+    for a, b in zip(one.steps, two.steps, strict=True):
+        print(f"step {a['step'] + 1}: loss TP 1 {a['loss']!r}, TP 2 {b['loss']!r}", end="; ")
+        print(f"grad norm TP 1 {a['grad_norm']!r}, TP 2 {b['grad_norm']!r}")
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        for key in ("loss", "ce loss", "del term", "digit acc", "digit entropy", "digit tokens"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6), key
     norms_1, norms_2 = gradient_norms(one), gradient_norms(two)
-    assert set(norms_1) == set(norms_2) and "lm_head.weight" in norms_1 and len(norms_1) > 10
+    assert set(norms_1) == set(norms_2) and len(norms_1) > 10
+    assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(norms_1)
     for name, norm in norms_1.items():
         print(f"{name}: TP 1 {norm!r}, TP 2 {norms_2[name]!r}")
-        if name != "model.embed_tokens.weight":
-            assert norms_2[name] == pytest.approx(norm, rel=1e-6), name
+        assert norms_2[name] == pytest.approx(norm, rel=1e-6), name
+
+
+def test_automodels_fp32_rms_norm_passes_no_gradient_to_an_all_reduced_input():
+    """Why the recipe refuses Float32RMSNorm at TP > 1: AutoModel 0.7.0's compiled fp32 RMSNorm
+    returns no gradient for an input that is the output of a functional all-reduce (the first
+    decoder layer's input at TP > 1), where torch's nn.RMSNorm returns the plain input's."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+    command += [f"--master-port={free_port()}", "-m", "tests.automodel_data", "rms_norm"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("RMSNORM ")]
+    grads = {(name, kind): value for _, name, kind, value in lines}
+    print("\n".join(" ".join(line[1:]) for line in lines) or proc.stderr[-3000:])
+    assert proc.returncode == 0 and len(grads) == 4
+    plain = float(grads["nn.RMSNorm", "plain"])
+    assert float(grads["nn.RMSNorm", "all-reduced"]) == pytest.approx(plain, rel=1e-6)
+    assert float(grads["Float32RMSNorm", "plain"]) == pytest.approx(plain, rel=1e-5)
+    assert grads["Float32RMSNorm", "all-reduced"] == "None"
 
 
 def test_alpha_0_and_the_control_arm_train_what_masked_cross_entropy_trains(tiny_llama, tmp_path):
@@ -301,8 +311,14 @@ def test_a_continued_run_writes_a_hugging_face_folder_transformers_loads(tiny_ll
             "the recipe's loss is MaskedCrossEntropy, not del_megatron's",
         ),
         ({"distributed.pp_size": 2}, 2, None, "pipeline parallelism hands the loss no"),
+        (
+            {"distributed.tp_size": 2},
+            2,
+            None,
+            "compiled fp32 RMSNorm (model.layers.0.input_layernorm and 4 more",
+        ),
     ],
-    ids=["context-parallel", "loss-swapped-for-masked-ce", "pipeline-parallel"],
+    ids=["context-parallel", "loss-swapped-for-masked-ce", "pipeline-parallel", "fp32-rms-norm-tp"],
 )
 def test_refusals_are_one_line_before_step_1(tiny_llama, tmp_path, over, nproc, module, line):
     result = run(

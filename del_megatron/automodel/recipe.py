@@ -5,7 +5,8 @@ TrainFinetuneRecipeForNextTokenPrediction it:
 - refuses before step 1, in one line on rank 0, what the loss cannot compute exactly: context
   and pipeline parallelism, packed (THD) batches, a domain mixture (from the YAML, before
   AutoModel builds anything), and a loss_fn that is no longer ours (AutoModel swaps a custom
-  loss for MaskedCrossEntropy when the model's forward has no `logits_to_keep`);
+  loss for MaskedCrossEntropy when the model's forward has no `logits_to_keep`), and AutoModel's
+  compiled fp32 RMSNorm under tensor parallelism (it drops its input's gradient there);
 - gives the loss the run's tokenizer when its YAML names no digit ids;
 - counts each step's digit targets over its micro-batches and data-parallel ranks before the
   first forward, as the recipe counts num_label_tokens (the "digit" reduction's unit);
@@ -16,8 +17,9 @@ TrainFinetuneRecipeForNextTokenPrediction it:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
+import torch
 from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
 
 from ..megatron.refusals import one_line
@@ -26,6 +28,33 @@ from .loss import NumericalLoss
 
 def _refusal(cause: str, fix: str) -> ValueError:
     return ValueError(f"del_megatron: {cause}: {fix}")
+
+
+def check_rms_norm_under_tensor_parallel(model_parts: List[torch.nn.Module], tp_size: int) -> None:
+    """Refuse AutoModel's Float32RMSNorm (BackendConfig rms_norm "torch_fp32", its default) at
+    tp_size > 1. Its torch.compile'd custom op returns no gradient for an input that is an
+    AsyncCollectiveTensor, which the first decoder layer's input is at TP > 1 (the output of the
+    vocab-parallel embedding's all-reduce): the input embedding then trains on the residual
+    path's gradient alone, whatever the loss (tests/test_automodel.py)."""
+    if tp_size <= 1:
+        return
+    names = sorted(
+        {
+            name
+            for part in model_parts
+            for name, module in part.named_modules()
+            if type(module).__name__ == "Float32RMSNorm"
+        }
+    )
+    if names:
+        raise _refusal(
+            f"AutoModel's compiled fp32 RMSNorm ({names[0]} and {len(names) - 1} more; model "
+            "backend rms_norm torch_fp32, the default) drops the gradient of an input that comes "
+            "out of a tensor-parallel all-reduce, as the first layer's does at tp_size > 1, so "
+            "the input embedding would train on part of its gradient",
+            "add to the model block backend: {_target_: "
+            "nemo_automodel.components.models.common.BackendConfig, rms_norm: torch}",
+        )
 
 
 class NumericalLossRecipe(TrainFinetuneRecipeForNextTokenPrediction):
@@ -68,8 +97,12 @@ class NumericalLossRecipe(TrainFinetuneRecipeForNextTokenPrediction):
             )
 
     def _check_what_setup_built(self) -> None:
-        """The loss is still ours (AutoModel may have swapped it), and it gets the digit ids
-        and the vocabulary size from the run's tokenizer and model."""
+        """The loss is still ours (AutoModel may have swapped it), it gets the digit ids and the
+        vocabulary size from the run's tokenizer and model, and the model's RMSNorm passes
+        gradients under tensor parallelism."""
+        mesh = self.device_mesh
+        tp_size = mesh["tp"].size() if mesh is not None and "tp" in mesh.mesh_dim_names else 1
+        check_rms_norm_under_tensor_parallel(self.model_parts, tp_size)
         loss = self.loss_fn
         if not isinstance(loss, NumericalLoss):
             raise _refusal(
