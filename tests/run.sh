@@ -60,7 +60,9 @@ pytest_in() {  # pytest_in ENV ARGS...: pytest in that pinned environment
   shift
   bash examples/setup_env.sh "$env"
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-  "$(venv_of "$env")/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@" ${PYTEST_ARGS:-}
+  # a passing test's tmp_path (checkpoints, models) is removed at the end of its session
+  "$(venv_of "$env")/bin/python" -m pytest -q -p no:cacheprovider --durations=15 \
+    -o tmp_path_retention_policy=failed "$@" ${PYTEST_ARGS:-}
 }
 
 unit_in() {
@@ -86,6 +88,8 @@ e2e_in() {
   pytest_in "$1" tests/e2e "${skip[@]}"
 }
 
+free_disk() { echo "=== disk: $(df -h --output=avail . | tail -n 1 | tr -d ' ') free"; }
+
 everything() {
   # One stage at a time, except the Python 3.12 set-up (downloads and unpacking), which runs
   # beside lint, wheel and the Python 3.11 unit tests (172 s of set-up beside 62 s of lint left
@@ -94,6 +98,7 @@ everything() {
   # job's gloo ranks wait for each other in every collective, and beside another stream one of
   # them is often descheduled).
   local setup_log rc=0
+  free_disk
   setup_log=$(mktemp /tmp/del-megatron-setup-py312.XXXXXX)
   # the AutoModel layer (over .venv, which lint builds first) after it, in the same stream
   {
@@ -116,6 +121,7 @@ everything() {
   stage "e2e (py312)" e2e_in py312
   stage image bash tests/image/run.sh
   stage automodel automodel_in
+  free_disk
 }
 
 if [ "${#stages[@]}" -eq 0 ]; then

@@ -16,8 +16,9 @@
 #      the workers, they resume from the checkpoint, and every logged `lm loss` equals step 2's
 #      (the resumed run's second line is the mean of two steps, as every run's second line).
 #
-#   bash tests/image/run.sh            (as root; from scratch ~12 GB of disk at the peak; the time
-#                                       it takes: docs/testing.md)
+#   bash tests/image/run.sh            (as root; from scratch ~0.7 GB of disk at the peak under the
+#                                       work folder on .venv312's file system, ~5 GB elsewhere; the
+#                                       time it takes: docs/testing.md)
 #
 # It installs docker.io and mmdebstrap if missing, starts its own Docker engine (data under a temp
 # folder) unless one answers already (DOCKER_HOST), and removes what it made at the end: containers,
@@ -78,6 +79,7 @@ need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v git >/dev/null || need+=(git)
+command -v readelf >/dev/null || need+=(binutils)
 if [ "${#need[@]}" -gt 0 ]; then
   log "apt-get install ${need[*]}"
   apt-get update -qq
@@ -94,6 +96,16 @@ if ! docker info >/dev/null 2>&1; then
   own_engine=1
   export DOCKER_HOST=unix://$work/docker.sock
   if ! docker info >/dev/null 2>&1; then
+    # Its data (the stand-in, the image, the runs' containers) goes under the work folder: about
+    # 0.7 GB where torch's files can be hard-linked from .venv312, 5 GB where they are copied.
+    free_mb=$(df -Pm "$work" | awk 'NR == 2 { print $4 }')
+    need_mb=6144
+    [ "$(stat -L -c %d "$work")" = "$(stat -L -c %d "$root/.venv312" 2>/dev/null)" ] && need_mb=2048
+    log "disk: $((free_mb / 1024)) GB free under $work, about $((need_mb / 1024)) GB needed"
+    if [ "$free_mb" -lt "$need_mb" ]; then
+      rmdir "$work" 2>/dev/null || true
+      die "needs about $((need_mb / 1024)) GB free under $work: free some, or set IMAGE_TEST_DIR to a folder on the file system of .venv312 that has it"
+    fi
     log "starting dockerd (data root $work/docker)"
     mkdir -p "$work/docker"
     nohup dockerd --data-root "$work/docker" --exec-root "$work/docker-exec" \
@@ -169,15 +181,17 @@ prepare_megatron_lm() {
 }
 
 # ---- 1. the CPU stand-in for the NGC base ---------------------------------------------------------
-# A root file system made here and imported as one layer (one write of its 5.7 GB; a `pip install`
-# in a Dockerfile writes them three times: container layer, diff, image layer):
+# A root file system made here and imported as one layer, with torch's files hard-linked into that
+# layer when the engine is ours (a `pip install` in a Dockerfile writes them three times:
+# container layer, diff, image layer; an import once):
 #   - a minimal Debian trixie (mmdebstrap; glibc 2.41, as NGC 25.09's Ubuntu 24.04 has 2.39) with
 #     git, ca-certificates and the libraries that the Python below links;
 #   - the host's CPython 3.12 in /usr/local (NGC 25.09 has 3.12; the project supports 3.11 and
 #     3.12, and its py312 test environment uses the same interpreter; Debian has no 3.12);
 #   - torch 2.14.1 (the CUDA build from PyPI, which runs on CPU), numpy and what torch requires,
 #     hard-linked (copied across file systems) from the py312 test environment that
-#     `examples/setup_env.sh py312` installs;
+#     `examples/setup_env.sh py312` installs, less the CUDA libraries only a GPU opens
+#     (tests/image/torch_files.py);
 #   - like Ubuntu 24.04-based NGC images, a user with uid 1000 (`ubuntu`), so that the project's
 #     Dockerfile must cope with one.
 copy_python() {  # the interpreter, libpython and the standard library into $1 (a /usr/local)
@@ -204,8 +218,23 @@ lib_packages() {
     done | cut -d: -f1 | sort -u | sed -e 's/[.+]/[&]/g' -e 's/.*/?name("^&(t64)?$")/' |
     paste -sd, -
 }
+# link_torch DEST: tests/image/torch_files.py into DEST, a folder of the stand-in's layer. dockerd
+# bind-mounts its data root onto itself, and a hard link cannot cross mounts, so the links are
+# made in a mount namespace of their own without that bind mount (the same folders beneath it);
+# where that cannot be, the files are copied.
+link_torch() {
+  local dest=$1 mnt
+  mnt=$(findmnt -n -o TARGET -T "$dest")
+  # shellcheck disable=SC2016  # $1 and $@ are the inner bash's
+  if [ "$mnt" != "$(findmnt -n -o TARGET -T "$root/.venv312")" ] &&
+    unshare --mount --propagation private bash -c 'umount "$1" && shift && exec "$@"' _ \
+      "$mnt" "$root/.venv312/bin/python" "$here/torch_files.py" "$dest"; then
+    return 0
+  fi
+  "$root/.venv312/bin/python" "$here/torch_files.py" "$dest"
+}
 make_standin() {
-  local rootfs=$work/standin
+  local rootfs=$work/standin site=usr/local/lib/python3.12/site-packages upper
   rm -rf "$rootfs"
   mkdir -p "$work/python"
   copy_python "$work/python"
@@ -218,11 +247,12 @@ make_standin() {
   log "debian root file system made"
   cp -a "$work/python/." "$rootfs/usr/local/"
   rm -rf "$work/python"
-  "$root/.venv312/bin/python" "$here/torch_files.py" "$rootfs/usr/local/lib/python3.12/site-packages"
+  # With our own engine torch goes into the imported layer afterwards, hard-linked from .venv312
+  # (no second copy of its 4 GB); through another engine it is imported with the rest.
+  [ "$own_engine" = 1 ] || "$root/.venv312/bin/python" "$here/torch_files.py" "$rootfs/$site"
   # A TLS-intercepting proxy before the package index: its CA certificates go into the image.
   find /usr/local/share/ca-certificates -maxdepth 1 -name '*.crt' \
     -exec cp {} "$rootfs/usr/local/share/ca-certificates/" \; 2>/dev/null || true
-  log "torch and its requirements copied ($(du -sh "$rootfs" | cut -f1) in all)"
   PIP_ROOT_USER_ACTION=ignore chroot "$rootfs" /bin/bash -euo pipefail -c '
     ldconfig
     ln -s python3.12 /usr/local/bin/python3 && ln -s python3.12 /usr/local/bin/python
@@ -234,8 +264,16 @@ make_standin() {
     --change 'ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore' \
     --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     --change 'ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt' - "$standin" >/dev/null
-  log "imported"
+  log "imported ($(du -sh "$rootfs" | cut -f1))"
   rm -rf "$rootfs"
+  if [ "$own_engine" = 1 ]; then
+    # the one layer's files, as overlay2 mounts them under every container of the image (a
+    # container writes to its own layer, never to these)
+    upper=$(docker image inspect -f '{{.GraphDriver.Data.UpperDir}}' "$standin")
+    [ -d "$upper/$site" ] || die "the stand-in's layer is not at $upper (storage driver overlay2?)"
+    link_torch "$upper/$site"
+    log "torch and its requirements in the stand-in's layer ($(du -sh "$upper" | cut -f1) in all)"
+  fi
   docker run --rm "$standin" python -c "import ssl, sqlite3, ctypes, bz2, lzma, torch; \
 assert torch.distributed.is_gloo_available(); print('stand-in: torch', torch.__version__)"
 }
