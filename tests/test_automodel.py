@@ -125,6 +125,16 @@ class Run:
         )
 
 
+def torchrun(nproc: int, *module_and_args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """torchrun --nproc-per-node=`nproc` -m MODULE ARGS from the checkout, one thread a rank."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    command += [f"--master-port={free_port()}", "-m", *module_and_args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def run(cfg: Dict[str, Any], out: Path, nproc: int = 1, module: str = "del_megatron.cpu.automodel"):
     """torchrun -m `module` CONFIG.yaml; a launcher of tests/automodel_data.py is named as
     "tests.automodel_data swap" or "... grads"."""
@@ -132,19 +142,7 @@ def run(cfg: Dict[str, Any], out: Path, nproc: int = 1, module: str = "del_megat
     cfg["checkpoint"]["checkpoint_dir"] = str(out)
     path = out / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--master-port={free_port()}",
-        "-m",
-        *module.split(),
-        str(path),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    return Run(out, proc)
+    return Run(out, torchrun(nproc, *module.split(), str(path)))
 
 
 def ok(result: Run) -> Run:
@@ -220,10 +218,7 @@ def test_automodels_fp32_rms_norm_passes_no_gradient_to_an_all_reduced_input():
     """Why the recipe refuses Float32RMSNorm at TP > 1: AutoModel 0.7.0's compiled fp32 RMSNorm
     returns no gradient for an input that is the output of a functional all-reduce (the first
     decoder layer's input at TP > 1), where torch's nn.RMSNorm returns the plain input's."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
-    command += [f"--master-port={free_port()}", "-m", "tests.automodel_data", "rms_norm"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = torchrun(2, "tests.automodel_data", "rms_norm", timeout=300)
     lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("RMSNORM ")]
     grads = {(name, kind): value for _, name, kind, value in lines}
     print("\n".join(" ".join(line[1:]) for line in lines) or proc.stderr[-3000:])
