@@ -78,18 +78,18 @@ def linked_names(path: Path) -> list:
 def gpu_only(files: list) -> set:
     """Of `files` (absolute Paths), those only a GPU run opens: the nvidia/*/lib libraries
     outside the DT_NEEDED closure of every other library, and triton's CUDA toolchain."""
-    is_cuda_lib = [f for f in files if "nvidia" in f.parts and ".so" in f.name]
+    cuda_libs = [f for f in files if "nvidia" in f.parts and ".so" in f.name]
     by_name = {}
-    for f in is_cuda_lib:
+    for f in cuda_libs:
         by_name.setdefault(f.name, []).append(f)
-    todo = [n for f in files if ".so" in f.name and f not in is_cuda_lib for n in linked_names(f)]
+    todo = [n for f in files if ".so" in f.name and f not in cuda_libs for n in linked_names(f)]
     linked = set()
     while todo:
         name = todo.pop()
         if name not in linked:
             linked.add(name)
             todo += [n for f in by_name.get(name, []) for n in linked_names(f)]
-    unlinked = {f for f in is_cuda_lib if f.name not in linked}
+    unlinked = {f for f in cuda_libs if f.name not in linked}
     toolchain = {
         f
         for f in files
