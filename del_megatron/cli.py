@@ -644,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
         "over seeds with a 95% Student-t interval and the paired difference against ce. A "
         "rerun skips finished runs and continues an unfinished one from its checkpoint. "
         f"Weights: LOSS takes its paper setting (del {PAPER_WEIGHT_DEL:g}, ntl_was and ntl_mse "
-        "0.3, dist2 as del); LOSS@W sets W (repeat a loss to sweep it).",
+        "0.3, dist2 and digit_ce as del); LOSS@W sets W (repeat a loss to sweep it).",
     )
     compare.add_argument(
         "--out", default="runs/compare", type=_out_dir, help="output folder (default runs/compare)"

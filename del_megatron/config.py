@@ -21,7 +21,10 @@ from .heads import HEADS
 from .slots import DEFAULT_SLOT_LOGITS, RULES
 from .vocab import DigitVocab
 
-LOSSES = ("ce",) + tuple(HEADS)
+# Losses whose term is the cross-entropy itself at digit targets, not a head on digit logits:
+# "digit_ce", the control for "any extra weight on digits" (docs/DEL.md).
+CE_TERM_LOSSES = ("digit_ce",)
+LOSSES = ("ce",) + tuple(HEADS) + CE_TERM_LOSSES
 REDUCTIONS = ("digit", "token")
 # The weight the DEL paper wrote and applied in its CodeLlama and Mistral-7B runs (docs/DEL.md,
 # "The weight the paper's runs applied").
@@ -171,7 +174,8 @@ def unused_weight_settings(loss: str, given: Iterable[str], names: Names = API_N
 class NumericalLossConfig:
     """What a run means: the loss added to cross-entropy, and how much of it.
 
-    loss:         "ce" (plain cross-entropy), "del", "ntl_was", "ntl_mse" or "dist2"
+    loss:         "ce" (plain cross-entropy), "del", "ntl_was", "ntl_mse", "dist2" or
+                  "digit_ce" (cross-entropy again on the digit targets: extra weight on digits)
     alpha:        weight of the numerical term's mean over digit targets, as in the papers:
                   loss = mean CE + alpha * mean digit term, under either reduction
     vocab:        DigitVocab of the tokenizer (required unless loss == "ce")

@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from .config import LOSSES, REDUCTIONS, NumericalLossConfig
+from .config import CE_TERM_LOSSES, LOSSES, REDUCTIONS, NumericalLossConfig
 from .heads import HEADS
 from .kernels import ProcessGroup, digit_cross_entropy
 from .kernels.linear import DEFAULT_WEIGHT_GRADIENT, SequenceParallelGather
@@ -50,7 +50,8 @@ class LossParts(NamedTuple):
 
     ce            fp32 per-token cross-entropy over the whole vocab (0 where ignored)
     term          fp32 numerical term before alpha (DEL: the sum over the label's digits of
-                  place weight x l), 0 off number-token targets
+                  place weight x l; digit_ce: ce x the label's digits), 0 off number-token
+                  targets
     is_digit      bool, the label is a number token (a digit token, one digit a token) and not
                   ignored
     digit_logits  fp32 [b, s, 10] the raw logits of the ten digits (one digit a token), or
@@ -207,6 +208,9 @@ def _compose_parts(
         ).view(b, s, slots, NUM_DIGITS)
     if cfg.loss == "ce":
         term = torch.zeros_like(ce)
+    elif cfg.loss in CE_TERM_LOSSES:
+        # the token's CE once per digit its label holds (one digit a token: CE at digit targets)
+        term = ce * layout.digit_count.to(ce.dtype)
     else:
         # Slots that hold no target digit see zeros: no NaN/inf of theirs reaches the term.
         z = torch.where(layout.in_slot.unsqueeze(-1), digit_logits, 0.0)
@@ -386,6 +390,8 @@ def numerical_linear_loss(
     ce_weights = None if loss_mask is None else _flat_loss_mask(loss_mask, labels)
     if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
         ce_weights = None  # no backward (evaluation): form no gradients in forward
+    if cfg.loss in CE_TERM_LOSSES:
+        ce_weights = None  # ce's gradient is weighed again at digit targets: not loss_mask's
     if sequence_parallel and _world(tp_group) > 1:
         hidden = SequenceParallelGather.apply(hidden, tp_group)
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)

@@ -210,6 +210,9 @@ def reference_lm_loss(
                 term_row.append(zero)
                 continue
             text = texts[label]
+            if loss == "digit_ce":  # the token's cross-entropy once for each of its digits
+                term_row.append(-log_probs[i, j, label] * len(text))
+                continue
             term = zero
             for slot, z in enumerate(slot_logits(logits[i, j], vocab, text, slot_rule)):
                 w = weights[i, j, slot] if loss in ("del", "dist2") else 1.0

@@ -36,11 +36,12 @@ REUSE_IGNORES = tuple(name for name in NOT_DEFINING if name not in SCORING)
 # The weight of each numerical term at its paper setting for a SentencePiece tokenizer that
 # splits digits (this corpus's), as `del-megatron check` recommends it: DEL 0.1 as in the DEL
 # authors' CodeLlama / Mistral runs, NTL 0.3 as its authors recommend, DIST2 DEL's (the spec
-# names no weight of its own).
+# names no weight of its own), digit_ce (the control: extra weight on digits) DEL's too.
 PAPER_WEIGHTS = {
     "ce": 0.0,
     **{loss: recommended_weight(loss, SENTENCEPIECE) for loss in ("del", "ntl_was", "ntl_mse")},
     "dist2": recommended_weight("dist2", SENTENCEPIECE),
+    "digit_ce": recommended_weight("digit_ce", SENTENCEPIECE),
     SINGLE_DIGIT_DEL: recommended_weight("del", SENTENCEPIECE),
 }
 # (key in metrics.json, title, format, higher is better or None: neither): the demo's
