@@ -1,5 +1,5 @@
-"""compare-qa's pieces that need no model: which answer digits are copied or computed (on
-hand-written GSM8K-style solutions), the final answer, the fine-tuning folder, the tables'
+"""compare-qa's pieces that need no model: which answer digits are computed, restated, copied
+or other (on hand-labelled GSM8K solutions), the final answer, the fine-tuning folder, the tables'
 paired differences and the run record."""
 
 import json
@@ -7,8 +7,15 @@ import math
 
 import pytest
 
-from del_megatron.qa import report
-from del_megatron.qa.answers import COMPUTED, COPIED, OTHER, digit_classes, final_answer
+from del_megatron.qa import analysis, report
+from del_megatron.qa.answers import (
+    COMPUTED,
+    COPIED,
+    OTHER,
+    RESTATED,
+    digit_classes,
+    final_answer,
+)
 from del_megatron.qa.data import Problem, read_problems, write_finetuning_root
 
 QUESTION = "Natalia sold clips to 48 of her friends in April, and then half as many in May."
@@ -40,25 +47,87 @@ def test_digits_copied_from_the_question_and_computed_in_annotations():
         ("2", OTHER),  # "48/2 ="
         ("48", COPIED),
         ("2", OTHER),
-        ("24", COMPUTED),  # <<48/2=24>>
-        ("24", OTHER),  # the result restated after the annotation
+        ("24", COMPUTED),  # <<48/2=24>>: 24 is new
+        ("24", RESTATED),  # the result written again after the annotation
         ("48", COPIED),
-        ("24", OTHER),  # "So 48+24 ="
+        ("24", OTHER),  # "So 48+24 =": an earlier result used again, outside annotations
         ("48", COPIED),
         ("24", OTHER),
         ("72", COMPUTED),  # <<48+24=72>>
-        ("72", OTHER),
-        ("72", COMPUTED),  # #### 72
+        ("72", RESTATED),
+        ("72", RESTATED),  # #### 72
     ]
 
 
-def test_numbers_match_by_value_and_a_result_is_computed_even_when_in_the_question():
-    question = "A bike costs $1,200.50 and a helmet $30. She has 30 dollars."
-    answer = "1200.5 - 30 = <<1200.5-30=1170.5>>1170.5\n#### 30"
+# GSM8K test problems (0-based lines of test.jsonl), shortened; the cases docs/results.md names.
+LEMONS = (  # 12: the computed 10.5 is written before the annotation that restates it
+    "Each year it will grow 7 lemons, which he can sell for $1.5 each. It costs $3 a year",
+    "He makes $10.5 selling lemons each year because 7 x 1.5 = <<7*1.5=10.5>>10.5\n"
+    "He earns $7.5 each year from the lemon tree because 10.5 - 3 = <<10.5-3=7.5>>7.5\n"
+    "#### 13",
+)
+JEWELRY = (  # 15: an annotation with nothing to compute
+    "jewelry worth $5,000 at a profit of 2.5%",
+    "$5000*(2.5/100) = $<<5000*(2.5/100)=125>>125\n"
+    "since $125 > $96, he will choose jewelry, making $<<125=125>>125\n#### 125",
+)
+BOOK = (  # 24: a result computed outside any annotation
+    "Kyle bought last year's best-selling book for $19.50. This is with a 25% discount.",
+    "Dividing both sides by .75, we get X = $26.\n#### 26",
+)
+TOYS = (  # 52: a result whose value is the question's ("remove 15 pounds")
+    "He needs to remove 15 pounds from it. His comic books weigh 1/4 pound each",
+    "30 x .25 = <<30*.25=7.5>>7.5\nHe needs to remove 15 toys because 7.5 / .5 = <<15=15>>15\n"
+    "#### 15",
+)
+
+
+@pytest.mark.parametrize(
+    "problem, expected",
+    [
+        (
+            LEMONS,
+            [("10", OTHER), ("5", OTHER), ("7", COPIED), ("1", COPIED), ("5", COPIED)]
+            + [("7", COPIED), ("1", COPIED), ("5", COPIED)]
+            + [("10", RESTATED), ("5", RESTATED), ("10", RESTATED), ("5", RESTATED)]
+            + [("7", OTHER), ("5", OTHER), ("10", OTHER), ("5", OTHER), ("3", COPIED)]
+            + [("10", OTHER), ("5", OTHER), ("3", COPIED)]
+            + [("7", RESTATED), ("5", RESTATED), ("7", RESTATED), ("5", RESTATED)]
+            + [("13", RESTATED)],
+        ),
+        (
+            JEWELRY,
+            [("5000", COPIED), ("2", COPIED), ("5", COPIED), ("100", OTHER)]
+            + [("5000", COPIED), ("2", COPIED), ("5", COPIED), ("100", OTHER)]
+            + [("125", COMPUTED), ("125", RESTATED), ("125", OTHER), ("96", OTHER)]
+            + [("125", OTHER), ("125", RESTATED), ("125", RESTATED), ("125", RESTATED)],
+        ),
+        (BOOK, [("75", OTHER), ("26", OTHER), ("26", RESTATED)]),
+        (
+            TOYS,
+            [("30", OTHER), ("25", OTHER), ("30", OTHER), ("25", OTHER)]
+            + [("7", COMPUTED), ("5", COMPUTED), ("7", RESTATED), ("5", RESTATED)]
+            + [("15", COPIED), ("7", OTHER), ("5", OTHER), ("5", OTHER)]
+            + [("15", COPIED), ("15", RESTATED), ("15", RESTATED), ("15", RESTATED)],
+        ),
+    ],
+    ids=["lemons-12", "jewelry-15", "book-24", "toys-52"],
+)
+def test_hand_labelled_gsm8k_solutions(problem, expected):
+    assert classes_by_number(*problem) == expected
+
+
+def test_numbers_match_by_value_and_a_new_result_is_computed():
+    question = "A bike costs $1,200.50 and a helmet $30. She has 30 dollars, 0.5 of it saved."
+    answer = "1200.5 - 30 = <<1200.5-30=1170.5>>1170.5 and <<.50*2=1>>1 and <<2*3=30>>30\n#### 30"
     runs = classes_by_number(question, answer)
     # "1200.5" is the question's "1,200.50"; the decimal point is not a digit
     assert runs[:3] == [("1200", COPIED), ("5", COPIED), ("30", COPIED)]
-    assert ("1170", COMPUTED) in runs and runs[-1] == ("30", COMPUTED)
+    assert runs[6:8] == [("1170", COMPUTED), ("5", COMPUTED)]
+    assert runs[10] == ("50", COPIED)  # ".50" is the question's "0.5"
+    assert runs[12:14] == [("1", COMPUTED), ("1", RESTATED)]
+    # a result whose value is in the question is restated, never copied or computed
+    assert runs[-3:] == [("30", RESTATED), ("30", RESTATED), ("30", RESTATED)]
 
 
 def test_final_answer():
@@ -104,7 +173,7 @@ def test_paired_differences_against_ce():
     # differences 0.01, 0.02, 0.00: mean 0.01, sd 0.01, t(0.975, 2) = 4.3027
     assert diff["mean"] == pytest.approx(0.01)
     assert diff["high"] - diff["mean"] == pytest.approx(4.302653 * 0.01 / math.sqrt(3), rel=1e-5)
-    text = report.differences(summary, report.METRICS[:1])
+    text = report.differences(summary, [m for m in report.METRICS if m[0] == "digit_acc_all"])
     assert "| del | +0.0100 [-0.0148, +0.0348] |" in text
 
 
@@ -162,3 +231,120 @@ def test_a_failed_stage_names_its_log(tmp_path):
     with pytest.raises(RuntimeError, match=r"^train in .*seed-1/del failed \(exit 3\): see .*"):
         sweep._run(command, str(log))
     assert "the worker says why" in log.read_text()
+
+
+def _counts(rng, problems: int, p_correct: float) -> dict:
+    """problem_counts' layout for one run: per class [[count, correct]] per problem."""
+    out = {}
+    for name in analysis.COUNTED:
+        rows = []
+        for _ in range(problems):
+            count = rng.randint(0, 6)
+            rows.append([count, sum(rng.random() < p_correct for _ in range(count))])
+        out[name] = rows
+    return out
+
+
+def test_bootstrap_is_the_crossed_resample_computed_plainly():
+    import random
+
+    import torch
+
+    rng = random.Random(3)
+    arm = [_counts(rng, 7, 0.8) for _ in range(3)]
+    base = [
+        {k: [[c, min(c, max(0, k_ - 1))] for c, k_ in v] for k, v in run.items()} for run in arm
+    ]
+    draws, seed = 50, 11
+    got = analysis.bootstrap_difference(arm, base, "computed", draws=draws, seed=seed)
+    # the same draws, in the same order, summed with loops: seeds first, then problems
+    generator = torch.Generator().manual_seed(seed)
+    seed_picks = torch.randint(3, (draws, 3), generator=generator).tolist()
+    problem_picks = torch.randint(7, (draws, 7), generator=generator).tolist()
+    replicates = []
+    for seeds, problems in zip(seed_picks, problem_picks, strict=True):
+        num = den = 0
+        for s in seeds:
+            for p in problems:
+                (count, ours), (_, theirs) = arm[s]["computed"][p], base[s]["computed"][p]
+                num, den = num + ours - theirs, den + count
+        replicates.append(num / max(den, 1))
+    low, high = torch.quantile(
+        torch.tensor(replicates, dtype=torch.float64),
+        torch.tensor([0.025, 0.975], dtype=torch.float64),
+    ).tolist()
+    assert (got["low"], got["high"]) == pytest.approx((low, high), abs=1e-12)
+    total = sum(c for run in arm for c, _ in run["computed"])
+    diff = sum(
+        a[1] - b[1]
+        for r, q in zip(arm, base, strict=True)
+        for a, b in zip(r["computed"], q["computed"], strict=True)
+    )
+    assert got["mean"] == pytest.approx(diff / total)
+    same = analysis.bootstrap_difference(arm, arm, "computed", draws=draws)
+    assert (same["mean"], same["low"], same["high"]) == (0.0, 0.0, 0.0)
+
+
+def test_declared_comparisons_meet_ce_and_each_control():
+    arms = ["base", "ce", "digit_ce@0.1", "digit_ce@0.38", "del", "del@0.3"]
+    assert report.contrasts(arms) == [
+        ("digit_ce@0.1", "ce"),
+        ("digit_ce@0.38", "ce"),
+        ("del", "ce"),
+        ("del@0.3", "ce"),
+        ("del", "digit_ce@0.1"),
+        ("del@0.3", "digit_ce@0.1"),
+        ("del", "digit_ce@0.38"),
+        ("del@0.3", "digit_ce@0.38"),
+    ]
+
+
+def test_published_results_keep_every_problems_counts(tmp_path):
+    import random
+
+    rng = random.Random(5)
+
+    def score(p_correct):
+        counts = _counts(rng, 9, p_correct)
+        rows = [
+            {
+                f"{n}_{k}": counts[n][i][j]
+                for n in counts
+                for j, k in enumerate(("count", "correct"))
+            }
+            for i in range(9)
+        ]
+        acc = {
+            f"digit_acc_{n}": sum(c for _, c in v) / max(sum(c for c, _ in v), 1)
+            for n, v in counts.items()
+        }
+        return {**acc, "problems": rows, "distance_profile": [0.5] * 10, "calibration_bins": []}
+
+    results = {
+        "base": {0: score(0.5)},
+        "ce": {s: score(0.7) for s in (1, 2)},
+        "digit_ce@0.38": {s: score(0.75) for s in (1, 2)},
+        "del": {s: score(0.8) for s in (1, 2)},
+    }
+    text = report.write(str(tmp_path), results, [1, 2])
+    published = json.load(open(tmp_path / "results.json"))
+    for arm, runs in results.items():
+        for s, run in runs.items():
+            kept = published["per_problem"][arm][str(s)]["computed"]
+            assert kept == [[r["computed_count"], r["computed_correct"]] for r in run["problems"]]
+    assert set(published["comparisons"]) == {
+        "digit_ce@0.38 vs ce",
+        "del vs ce",
+        "del vs digit_ce@0.38",
+    }
+    row = published["comparisons"]["del vs digit_ce@0.38"]["computed"]
+    assert row["bootstrap_family"]["confidence"] == pytest.approx(1 - 0.05 / 3)
+    assert row["seeds"]["mean"] == pytest.approx(
+        sum(
+            results["del"][s]["digit_acc_computed"]
+            - results["digit_ce@0.38"][s]["digit_acc_computed"]
+            for s in (1, 2)
+        )
+        / 2
+    )
+    assert "98.3% bootstrap (3 comparisons)" in text

@@ -61,13 +61,19 @@ def fitting(problems: Sequence[Problem], tokenizer: Any, seq_length: int) -> Lis
     return [p for p, n in zip(problems, lengths, strict=True) if n + 1 <= seq_length]
 
 
+def training_order(train: Sequence[Problem], seed: int) -> List[Problem]:
+    """`train` shuffled with `seed`: a run's data order."""
+    order = list(train)
+    random.Random(seed).shuffle(order)
+    return order
+
+
 def write_finetuning_root(
     root: str, train: Sequence[Problem], validation: Sequence[Problem], seed: int
 ) -> str:
-    """Bridge's local fine-tuning folder ({"input", "output"} lines): `train` shuffled with
-    `seed` (the run's data order) and `validation` as given. Returns `root`."""
-    order = list(train)
-    random.Random(seed).shuffle(order)
+    """Bridge's local fine-tuning folder ({"input", "output"} lines): `train` in the seed's
+    training_order and `validation` as given. Returns `root`."""
+    order = training_order(train, seed)
     os.makedirs(root, exist_ok=True)
     for name, problems in ((TRAINING, order), (VALIDATION, validation)):
         partial = os.path.join(root, f"{name}.{os.getpid()}")

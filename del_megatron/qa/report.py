@@ -1,22 +1,33 @@
 """compare-qa's tables: per arm the mean over seeds [95% interval] and the paired difference
-against ce [95% interval]; the base model's row as scored; the raw per-seed values in JSON."""
+against ce [95% interval]; the base model's row as scored; the declared comparisons (every arm
+against ce, every numerical arm against each digit_ce control) on the primary metric with the
+seeds' interval and the bootstrap over seeds and problems; the raw per-seed values and each
+problem's counts in JSON (docs/results.md declares the analysis)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from ..demo.compare import _cell, _difference_cell
 from ..demo.stats import mean_interval, paired_difference, ratio_standard_error
+from . import analysis
 from .finetune import HISTORY
 
 BASELINE, BASE = "ce", "base"
-# (key, title, format, higher is better: True / False / None for neither)
+CONTROL = "digit_ce"  # arms of this loss are controls: every other numerical arm meets them too
+# The declared primary metric (docs/results.md): accuracy on the digits the model computes.
+PRIMARY_CLASS = "computed"
+PRIMARY = f"digit_acc_{PRIMARY_CLASS}"
+# (key, title, format, higher is better: True / False / None for neither); the primary first
 METRICS = (
-    ("digit_acc_all", "digit acc", "{:.4f}", True),
+    (PRIMARY, "computed (primary)", "{:.4f}", True),
+    ("digit_acc_restated", "restated", "{:.4f}", True),
     ("digit_acc_copied", "copied", "{:.4f}", True),
-    ("digit_acc_computed", "computed", "{:.4f}", True),
+    ("digit_acc_other", "other", "{:.4f}", True),
+    ("digit_acc_all", "all digits", "{:.4f}", True),
     ("top_not_digit", "top token no digit", "{:.4f}", False),
     ("digit_mass", "p(any digit)", "{:.4f}", True),
     ("digit_entropy", "entropy (nats)", "{:.3f}", None),
@@ -25,7 +36,7 @@ METRICS = (
     ("calibration_error", "calibration error", "{:.4f}", False),
     ("final_answer_acc", "final answer", "{:.3f}", True),
 )
-CLASS_NAMES = ("all", "copied", "computed")
+CLASS_NAMES = (PRIMARY_CLASS, "restated", "copied", "other", "all")
 TRAINING = (
     ("final_train_ce", "train CE, last 5 iterations", "{:.4f}", False),
     ("seconds_per_iteration", "s / iteration", "{:.1f}", None),
@@ -57,9 +68,29 @@ def training_record(train_dir: str) -> Dict[str, float]:
     return out
 
 
+def _loss(arm: str) -> str:
+    return arm.split("@")[0]
+
+
+def contrasts(arms: Sequence[str]) -> List[Tuple[str, str]]:
+    """The declared comparisons (arm, against): every arm against ce, and every numerical arm
+    other than a control against each digit_ce arm (the control for extra weight on digits)."""
+    pairs = [(a, BASELINE) for a in arms if a not in (BASE, BASELINE)]
+    controls = [a for a in arms if _loss(a) == CONTROL]
+    pairs += [
+        (a, c) for c in controls for a in arms if a not in (BASE, BASELINE) and _loss(a) != CONTROL
+    ]
+    return pairs
+
+
+def _finite(values: Sequence[float]) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
 def summarize(results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> Dict[str, dict]:
     """{arm: {metric: {mean, low, high, n, per_seed, [difference]}}} over the seeds every arm
-    finished; the base row has one value, no interval."""
+    finished; the base row has one value, no interval; a metric not scored (NaN: no greedy
+    decoding) is left out."""
     summary: Dict[str, dict] = {}
     for arm, by_seed in results.items():
         used = [0] if arm == BASE else [s for s in seeds if s in by_seed]
@@ -70,6 +101,8 @@ def summarize(results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> Dict
             if not all(key in by_seed[s] for s in used):
                 continue
             values = [by_seed[s][key] for s in used]
+            if not _finite(values):
+                continue
             row = mean_interval(values).as_dict()
             row["per_seed"] = dict(zip(used, values, strict=True))
             ce = results.get(BASELINE, {})
@@ -81,17 +114,21 @@ def summarize(results: Dict[str, Dict[int, dict]], seeds: Sequence[int]) -> Dict
 
 
 def problem_paired(
-    results: Dict[str, Dict[int, dict]], arm: str, seeds: Sequence[int], name: str = "all"
+    results: Dict[str, Dict[int, dict]],
+    arm: str,
+    seeds: Sequence[int],
+    name: str = "all",
+    against: str = BASELINE,
 ) -> Dict[str, float]:
-    """The difference in digit accuracy (of class `name`) between `arm` and ce with the test
-    problems as the units: per problem, both arms' correct digit targets summed over `seeds`
-    (the same problems, teacher-forced); mean, its standard error (ratio estimator) and the
-    normal 95% interval. This is the evaluation's sampling noise; the seeds' interval is the
-    training's."""
+    """The difference in digit accuracy (of class `name`) between `arm` and `against` with the
+    test problems as the units: per problem, both arms' correct digit targets summed over
+    `seeds` (the same problems, teacher-forced); mean, its standard error (ratio estimator)
+    and the normal 95% interval. This is the evaluation's sampling noise; the seeds' interval
+    is the training's."""
     diffs: List[float] = []
     counts: List[float] = []
     for seed in seeds:
-        ours, theirs = results[arm][seed]["problems"], results[BASELINE][seed]["problems"]
+        ours, theirs = results[arm][seed]["problems"], results[against][seed]["problems"]
         for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             if len(diffs) <= i:
                 diffs.append(0.0)
@@ -101,6 +138,35 @@ def problem_paired(
     mean = sum(diffs) / sum(counts)
     se = ratio_standard_error(diffs, counts)
     return {"mean": mean, "se": se, "low": mean - 1.96 * se, "high": mean + 1.96 * se}
+
+
+def compare(
+    results: Dict[str, Dict[int, dict]], arm: str, against: str, seeds: Sequence[int], family: int
+) -> Dict[str, dict]:
+    """Per digit class, `arm` - `against` paired over `seeds`: the seeds' Student-t interval
+    ("seeds"), the bootstrap over seeds and problems ("bootstrap", 95%), for the primary class
+    also at 1 - 0.05 / family ("bootstrap_family": Bonferroni over the declared comparisons),
+    and problems as units ("problems")."""
+    counts = {
+        side: [analysis.problem_counts(results[side][s]["problems"]) for s in seeds]
+        for side in (arm, against)
+    }
+    out: Dict[str, dict] = {}
+    for name in CLASS_NAMES:
+        key = f"digit_acc_{name}"
+        values = [results[arm][s][key] for s in seeds]
+        baseline = [results[against][s][key] for s in seeds]
+        row = {
+            "seeds": paired_difference(values, baseline).as_dict(),
+            "bootstrap": analysis.bootstrap_difference(counts[arm], counts[against], name),
+            "problems": problem_paired(results, arm, seeds, name, against),
+        }
+        if name == PRIMARY_CLASS:
+            row["bootstrap_family"] = analysis.bootstrap_difference(
+                counts[arm], counts[against], name, confidence=1 - 0.05 / max(family, 1)
+            )
+        out[name] = row
+    return out
 
 
 def table(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) -> str:
@@ -129,16 +195,39 @@ def differences(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) ->
     return "\n".join(lines)
 
 
-def problems_table(over_problems: Dict[str, Dict[str, dict]]) -> str:
-    """Markdown: problem_paired's differences [95% interval] per arm and digit class."""
-    header = ["vs ce, problems as units"] + [f"digit acc {n}" for n in CLASS_NAMES]
+def _interval(row: dict) -> str:
+    return f"{row['mean']:+.4f} [{row['low']:+.4f}, {row['high']:+.4f}]"
+
+
+def primary_table(compared: Dict[str, Dict[str, dict]], family: int) -> str:
+    """Markdown: the primary metric per declared comparison, with both intervals and the
+    Bonferroni-adjusted bootstrap interval."""
+    adjusted = f"{100 * (1 - 0.05 / max(family, 1)):.1f}%"
+    header = [
+        "comparison",
+        "computed-digit acc difference",
+        "95% over seeds (t)",
+        "95% bootstrap, seeds x problems",
+        f"{adjusted} bootstrap ({family} comparisons)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for arm, rows in over_problems.items():
-        cells = [
-            f"{rows[n]['mean']:+.4f} [{rows[n]['low']:+.4f}, {rows[n]['high']:+.4f}]"
-            for n in CLASS_NAMES
-        ]
-        lines.append("| " + " | ".join([arm] + cells) + " |")
+    for name, rows in compared.items():
+        row = rows[PRIMARY_CLASS]
+        cells = [name, f"{row['seeds']['mean']:+.4f}"]
+        for interval in (row["seeds"], row["bootstrap"], row["bootstrap_family"]):
+            cells.append(f"[{interval['low']:+.4f}, {interval['high']:+.4f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def classes_table(compared: Dict[str, Dict[str, dict]]) -> str:
+    """Markdown (secondary): every class's difference per comparison, with its bootstrap
+    interval over seeds and problems."""
+    header = ["comparison (bootstrap 95%)"] + [f"{n}" for n in CLASS_NAMES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, rows in compared.items():
+        cells = [name] + [_interval(rows[n]["bootstrap"]) for n in CLASS_NAMES]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -148,8 +237,9 @@ def write(
     seeds: Sequence[int],
     title: str = "held-out digit targets, teacher-forced",
 ) -> str:
-    """results.json (per seed, without per-problem rows), results.md and digit_shape.png under
-    `out`; returns the Markdown."""
+    """results.json (per seed without per-problem rows; per problem each class's counts;
+    the summary and the declared comparisons), results.md and digit_shape.png under `out`;
+    returns the Markdown."""
     from ..demo.report import plot_shape
 
     raw = {
@@ -158,22 +248,34 @@ def write(
         }
         for arm, runs in results.items()
     }
+    per_problem = {
+        arm: {str(s): analysis.problem_counts(score["problems"]) for s, score in runs.items()}
+        for arm, runs in results.items()
+        if all("problems" in score for score in runs.values())
+    }
     summary = summarize(results, seeds)
     done = [s for s in seeds if all(s in results.get(a, {}) for a in results if a != BASE)]
-    over_problems = {
-        arm: {name: problem_paired(results, arm, done, name) for name in CLASS_NAMES}
-        for arm in results
-        if arm not in (BASE, BASELINE) and BASELINE in results and done
+    pairs = [p for p in contrasts(list(results)) if done] if BASELINE in results else []
+    compared = {
+        f"{arm} vs {against}": compare(results, arm, against, done, len(pairs))
+        for arm, against in pairs
     }
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(
-            {"per_seed": raw, "summary": summary, "paired_over_problems": over_problems},
+            {
+                "per_seed": raw,
+                "per_problem": per_problem,
+                "summary": summary,
+                "comparisons": compared,
+                "seeds_compared": done,
+            },
             f,
             indent=1,
         )
     text = table(summary, METRICS + TRAINING) + "\n\n" + differences(summary, METRICS + TRAINING)
-    if over_problems:
-        text += "\n\n" + problems_table(over_problems)
+    if compared:
+        text += "\n\n" + primary_table(compared, len(pairs))
+        text += "\n\n" + classes_table(compared)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(text + "\n")
     shapes: Dict[str, List[dict]] = {arm: list(runs.values()) for arm, runs in results.items()}
