@@ -1,5 +1,5 @@
 """The question/answer commands of `del-megatron` (their parsers and what they run):
-gguf-to-hf, score-qa and compare-qa. They need Megatron-Bridge's environment
+gguf-to-hf, score-qa, compare-qa and matched-weight. They need Megatron-Bridge's environment
 (`bash examples/setup_env.sh bridge`; docs/results.md)."""
 
 from __future__ import annotations
@@ -9,9 +9,14 @@ import os
 import sys
 from typing import Callable
 
-# The schedule of docs/results.md's SmolLM2-135M / GSM8K comparison (chosen before any run).
-DEFAULT_ARMS = ("ce", "del", "del@1.28")
-DEFAULT_SEEDS = (1, 2, 3)
+# docs/results.md's SmolLM2-135M / GSM8K comparison, declared before its runs: cross-entropy,
+# the control digit_ce at DEL's weight and at the weight whose extra gradient on the digit
+# targets' logits matches DEL 0.1's at step 1 (`del-megatron matched-weight`: 0.35-0.41 over
+# the four seeds' first batches, their mean 0.38), DEL at 0.1, 0.3 and 1.28; four seeds; the
+# first 500 test problems, teacher-forced; no greedy decoding (135M solves almost none).
+DEFAULT_ARMS = ("ce", "digit_ce@0.1", "digit_ce@0.38", "del", "del@0.3", "del@1.28")
+DEFAULT_SEEDS = (1, 2, 3, 4)
+DEFAULT_PROBLEMS = 500
 
 
 def _gguf_to_hf(args) -> int:
@@ -72,6 +77,29 @@ def _compare_qa(args) -> int:
     return 0
 
 
+def _matched_weight(args) -> int:
+    from transformers import AutoTokenizer
+
+    from .data import fitting, read_problems, training_order
+    from .matched_weight import matched_weights
+
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_model)
+    train = read_problems(args.train, args.question_key, args.answer_key)
+    train = fitting(train, tokenizer, args.seq_length)
+    orders = {seed: training_order(train, seed)[: args.batch] for seed in args.seeds}
+    result = matched_weights(args.hf_model, orders, args.batch, args.loss, args.alpha, args.control)
+    for seed, row in result.items():
+        print(
+            f"seed {seed}: ||grad {args.loss}|| {row[args.loss]:.4f}, ||grad {args.control}|| "
+            f"{row[args.control]:.4f} over {row['digit_targets']:.0f} digit targets: "
+            f"{args.control}@{row['matched_weight']:.4f} matches {args.loss}@{args.alpha:g}"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({str(seed): row for seed, row in result.items()}, f, indent=1)
+    return 0
+
+
 def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> None:
     """gguf-to-hf, score-qa and compare-qa on `sub` (the CLI's subparsers)."""
     gguf = sub.add_parser(
@@ -85,7 +113,7 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
     gguf.add_argument("--out", required=True, help="the folder to write")
     gguf.set_defaults(func=_gguf_to_hf)
 
-    def qa_data(p, train: bool) -> None:
+    def qa_data(p, train: bool, problems: int = 250, greedy: int = 32) -> None:
         if train:
             p.add_argument(
                 "--train",
@@ -113,14 +141,15 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         p.add_argument(
             "--problems",
             type=positive,
-            default=250,
-            help="score the first N held-out problems, teacher-forced (default 250)",
+            default=problems,
+            help=f"score the first N held-out problems, teacher-forced (default {problems})",
         )
         p.add_argument(
             "--greedy",
             type=int,
-            default=32,
-            help="decode the first N of them greedily for final-answer accuracy (default 32)",
+            default=greedy,
+            help=f"decode the first N of them greedily for final-answer accuracy (default "
+            f"{greedy})",
         )
 
     score = sub.add_parser(
@@ -146,7 +175,7 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
     compare.add_argument(
         "--hf-model", required=True, type=existing("model", want_file=False), help="HF model folder"
     )
-    qa_data(compare, train=True)
+    qa_data(compare, train=True, problems=DEFAULT_PROBLEMS, greedy=0)
     compare.add_argument("--out", default="runs/compare-qa", help="output folder")
     compare.add_argument(
         "--losses",
@@ -161,7 +190,7 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         nargs="+",
         type=int,
         default=list(DEFAULT_SEEDS),
-        help="seeds, each an order of the training problems (default 1 2 3)",
+        help="seeds, each an order of the training problems (default 1 2 3 4)",
     )
     compare.add_argument("--iters", type=positive, default=32, help="iterations (default 32)")
     compare.add_argument("--global-batch", type=positive, default=8, help="problems a step")
@@ -179,3 +208,34 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         "--threads", type=int, default=0, help="torch threads a process (default: torch's choice)"
     )
     compare.set_defaults(func=_compare_qa)
+
+    matched = sub.add_parser(
+        "matched-weight",
+        help="the control's weight whose extra gradient on the digit targets' logits matches "
+        "a numerical loss's at step 1",
+        description="On the model as given and the first --batch problems of each seed's "
+        "training order (compare-qa's): the norms of the extra gradient on the logits that "
+        "--loss at --alpha and --control add at the digit targets (both on the mean term over "
+        "the digit targets), and the --control weight that makes them equal.",
+    )
+    matched.add_argument(
+        "--hf-model", required=True, type=existing("model", want_file=False), help="HF model folder"
+    )
+    matched.add_argument(
+        "--train",
+        required=True,
+        type=existing("train JSONL", want_file=True),
+        help="training problems, one JSON object a line",
+    )
+    matched.add_argument("--question-key", default="question", help="the question field")
+    matched.add_argument("--answer-key", default="answer", help="the answer field")
+    matched.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4], help="orders")
+    matched.add_argument("--batch", type=positive, default=8, help="problems (default 8)")
+    matched.add_argument(
+        "--seq-length", type=positive, default=384, help="longer problems are left out"
+    )
+    matched.add_argument("--loss", default="del", help="the numerical loss (default del)")
+    matched.add_argument("--alpha", type=float, default=0.1, help="its weight (default 0.1)")
+    matched.add_argument("--control", default="digit_ce", help="the control (default digit_ce)")
+    matched.add_argument("--out", default=None, help="also write the numbers to this JSON file")
+    matched.set_defaults(func=_matched_weight)
