@@ -14,12 +14,13 @@ from . import automodel_workers as workers
 IDS = dict(digit_ids=range(3, 13), decimal_point_ids=[13])
 
 
-def test_the_loss_is_the_reference_sum_over_the_steps_tokens():
+@pytest.mark.parametrize("loss", ["del", "digit_ce"])
+def test_the_loss_is_the_reference_sum_over_the_steps_tokens(loss):
     """Training: (sum CE + alpha x N / D x sum term) / N, where N and D are the step's loss
     tokens and digit targets; validation (num_label_tokens None): the batch's raw sum."""
     labels, logits = workers.batch(1)
-    fn = NumericalLoss(alpha=0.3, **IDS)
-    ce, term = reference_lm_loss(labels, logits.transpose(0, 1), workers.VOCAB, "del", 0.3)
+    fn = NumericalLoss(numerical_loss=loss, alpha=0.3, **IDS)
+    ce, term = reference_lm_loss(labels, logits.transpose(0, 1), workers.VOCAB, loss, 0.3)
     step_digits, step_tokens = 17.0, 61
     fn.begin_step(torch.tensor(step_digits, dtype=torch.float64))
     got = fn(logits=logits, labels=labels, num_label_tokens=step_tokens)
@@ -83,7 +84,8 @@ def test_a_digit_step_without_its_count_is_refused():
 
 
 @pytest.mark.parametrize(
-    "loss, reduction", [("del", "digit"), ("ntl_was", "token"), ("ce", "digit")]
+    "loss, reduction",
+    [("del", "digit"), ("ntl_was", "token"), ("ce", "digit"), ("digit_ce", "digit")],
 )
 def test_tensor_parallel_equals_whole_vocabulary(gloo, loss, reduction):
     gloo(2).run(workers.sharded_equals_whole, loss, reduction)

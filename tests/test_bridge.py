@@ -77,6 +77,14 @@ def test_forward_step_digit_reduction_over_the_step(bridge):
     assert r["step_loss"] == pytest.approx(r["ref_step_loss"], rel=1e-5)
 
 
+def test_the_digit_ce_control_trains_its_step_loss_and_reports_its_term(bridge):
+    """digit_ce: mean CE + alpha x the mean CE over the step's digit targets, in Bridge's step."""
+    r = bridge["digit_ce"]
+    assert r["step_loss"] == pytest.approx(r["ref_step_loss"], rel=1e-5)
+    assert r["step_loss"] != pytest.approx(bridge["digit"]["step_loss"], rel=1e-3)
+    assert {"digit_ce term", "digit_ce weight"} <= set(r["report_keys"])
+
+
 def test_stacked_forward_steps_count_each_step_once(bridge):
     """make_forward_step over numerical_forward_step, or over a user's forward step calling it:
     the digit-reduced step loss is the single wrapper's (the stacked loss function used to stop

@@ -88,6 +88,12 @@ def test_check_takes_a_weight_of_zero_and_refuses_inf(capsys):
     )
 
 
+def test_check_prints_the_digit_ce_controls_flags(capsys):
+    assert main(["check", "--tokenizer", SENTENCEPIECE, "--loss", "digit_ce"]) == 0
+    flags = capsys.readouterr().out.splitlines()[-1]
+    assert flags.startswith("add to pretrain_gpt.py: --numerical-loss digit_ce --del-alpha 0.1 ")
+
+
 def test_demo_refuses_a_learning_rate_that_is_not_finite(tmp_path):
     """(The other weights and rates of demo, compare and train: tests/test_demo.py.)"""
     proc = cli(tmp_path, "demo", "--out", "out", "--lr", "inf")

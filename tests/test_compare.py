@@ -61,6 +61,8 @@ def test_standard_errors_by_hand():
         ("ntl_was", Arm("ntl_was", 0.3), "ntl_was"),
         ("del@0.01", Arm("del", 0.01), "del@0.01"),
         ("dist2@0.1", Arm("dist2", 0.1), "dist2"),
+        ("digit_ce", Arm("digit_ce", 0.1), "digit_ce"),
+        ("digit_ce@0.38", Arm("digit_ce", 0.38), "digit_ce@0.38"),
         ("del:length", Arm("del", 0.1, "length"), "del:length"),
         ("del:any@0.03", Arm("del", 0.03, "any"), "del:any@0.03"),
     ],

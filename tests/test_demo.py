@@ -108,7 +108,14 @@ def test_compare_takes_the_continued_schedule_and_arms_with_continue_from_base(t
     out = ["--out", str(tmp_path / "out")]
     scratch = parse_args(["compare", *out])
     assert (scratch.steps, scratch.lr, scratch.min_lr, scratch.warmup) == (1500, 2e-3, 2e-4, 50)
-    assert [a.name for a in scratch.losses] == ["ce", "del", "ntl_was", "ntl_mse", "dist2"]
+    assert [a.name for a in scratch.losses] == [
+        "ce",
+        "del",
+        "ntl_was",
+        "ntl_mse",
+        "dist2",
+        "digit_ce",
+    ]
     cont = parse_args(["compare", "--continue-from-base", *out])
     assert (cont.steps, cont.lr, cont.min_lr, cont.warmup, cont.base_steps) == (
         400,

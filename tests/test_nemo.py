@@ -42,6 +42,7 @@ def test_enable_numerical_loss_sets_both_reductions_and_the_config(nemo):
     assert enabled["training"] == "NumericalMaskedTokenLossReduction"
     assert enabled["validation_step"] is True and enabled["val_prefix"] == "val "
     assert enabled["config_loss"] == "del" and enabled["config_digits"] == list(range(40, 50))
+    assert nemo["control"] == {"loss": "digit_ce", "alpha": 0.38}  # the digit_ce control arm
 
 
 def test_enable_numerical_loss_reads_a_chunking_tokenizer_from_the_model(nemo):

@@ -63,7 +63,7 @@ def check_bridge(out: str) -> None:
     (batch,) = batches(1)
     result["token"] = token_reduction(state, model, batch, cfg.vocab)
     result["logits_free"] = logits_free_token_reduction(state, model, batch, provider, tokenizer)
-    result["digit"], result["stacked"] = digit_reduction_step(
+    result["digit"], result["stacked"], result["digit_ce"] = digit_reduction_step(
         state, model, provider, tokenizer, cfg.vocab
     )
     result["refused_without_registration"] = refused_without_registration(state, model, batch)

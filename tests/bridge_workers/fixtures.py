@@ -133,8 +133,8 @@ def batches(n: int, seed: int = 0):
     return out
 
 
-def reference_parts(model, batch, vocab) -> Dict[str, Any]:
-    """Per-token CE and DEL term of the same model's logits, from del_megatron.reference
+def reference_parts(model, batch, vocab, loss: str = "del") -> Dict[str, Any]:
+    """Per-token CE and `loss`'s term of the same model's logits, from del_megatron.reference
     (full-vocab float64), independent of the hook and the kernels."""
     from del_megatron.reference import reference_lm_loss
 
@@ -142,7 +142,7 @@ def reference_parts(model, batch, vocab) -> Dict[str, Any]:
         logits = model(
             input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None
         )  # [b, s, V] without labels
-    ce, term = reference_lm_loss(batch["labels"], logits.transpose(0, 1), vocab, "del", ALPHA)
+    ce, term = reference_lm_loss(batch["labels"], logits.transpose(0, 1), vocab, loss, ALPHA)
     return {"ce": ce, "term": term}
 
 

@@ -72,11 +72,12 @@ def logits_free_token_reduction(state, model, batch, provider, tokenizer) -> Dic
 
 def digit_reduction_step(
     state, model, provider, tokenizer, vocab
-) -> Tuple[Dict[str, Any], Dict[str, float]]:
+) -> Tuple[Dict[str, Any], Dict[str, float], Dict[str, Any]]:
     """The digit reduction over a step of 2 micro-batches (step accounting made on the first
     forward step, from the model's process groups; Megatron normalises each micro-batch by its
-    tokens and the number of micro-batches), against the reference: (digit, stacked), where
-    stacked is the same step through forward steps of ours stacked."""
+    tokens and the number of micro-batches), against the reference: (digit, stacked,
+    digit_ce), where stacked is the same step through forward steps of ours stacked and
+    digit_ce the step with the control loss."""
     from megatron.core.num_microbatches_calculator import (
         destroy_num_microbatches_calculator,
         init_num_microbatches_calculator,
@@ -89,11 +90,14 @@ def digit_reduction_step(
     step = batches(2, seed=1)
     digit = _digit_step_loss(state, model, step, vocab)
     stacked = stacked_forward_steps(state, model, step)
+    enable_numerical_loss(provider, tokenizer, loss="digit_ce", alpha=ALPHA, reduction="digit")
+    digit_ce = _digit_step_loss(state, model, step, vocab, "digit_ce")
+    enable_numerical_loss(provider, tokenizer, loss="del", alpha=ALPHA, reduction="digit")
     destroy_num_microbatches_calculator()
-    return digit, stacked
+    return digit, stacked, digit_ce
 
 
-def _digit_step_loss(state, model, step, vocab) -> Dict[str, float]:
+def _digit_step_loss(state, model, step, vocab, loss: str = "del") -> Dict[str, float]:
     from del_megatron.megatron.bridge import numerical_forward_step
 
     iterator = iter([dict(b) for b in step])
@@ -102,7 +106,7 @@ def _digit_step_loss(state, model, step, vocab) -> Dict[str, float]:
         output, loss_function = numerical_forward_step(state, iterator, model)
         loss_sum, num_tokens, report = loss_function(output)
         normalised += float(loss_sum) / float(num_tokens) / 2
-    refs = [reference_parts(model, b, vocab) for b in step]
+    refs = [reference_parts(model, b, vocab, loss) for b in step]
     masks = [b["loss_mask"].double() for b in step]
     digits = sum(
         float((((b["labels"] >= 2) & (b["labels"] <= 11)).double() * m).sum())
@@ -113,6 +117,7 @@ def _digit_step_loss(state, model, step, vocab) -> Dict[str, float]:
     return {
         "step_loss": normalised,
         "ref_step_loss": sum(ce_means) / 2 + ALPHA * term_sum / digits,
+        "report_keys": sorted(report),
     }
 
 

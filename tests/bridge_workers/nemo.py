@@ -114,6 +114,8 @@ def enabled_on_a_nemo_module(model, cfg) -> Dict[str, Any]:
         "config_loss": module.config.numerical_loss,
         "config_digits": module.config.del_digit_token_ids,
     }
+    enable_numerical_loss(module, vocab=GPT_VOCAB, loss="digit_ce", alpha=0.38)
+    result["control"] = {"loss": module.config.numerical_loss, "alpha": module.config.del_alpha}
     result["chunking"] = nemo_chunking(module)
     return result
 
