@@ -13,6 +13,7 @@ HOOK_CHECKS = [
     "mtp_goes_through_del",
     "register_cycle",
     "config_fields_and_fusion_modes",
+    "a_cross_entropy_cached_at_build_is_replaced",
     "logits_free_equals_materialised",
     "logits_free_refusals",
     "logits_free_from_the_model_config",

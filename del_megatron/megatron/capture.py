@@ -90,18 +90,34 @@ class MtpHeads:
         none) in lockstep with the labels, with its own roll_tensor over the model's CP group
         and the forward's packed sequences: so is it rolled here, on the device (under CP one
         more exchange of a column between neighbours)."""
-        from megatron.core.transformer.multi_token_prediction import roll_tensor
-
         mask = self.mask if self.mask is not None else torch.ones_like(labels, dtype=torch.float)
-        self.mask, _ = roll_tensor(
-            mask,
-            shifts=-1,
-            dims=-1,
-            cp_group=getattr(module, "cp_group", None),
-            packed_seq_params=packed_seq_params(),
-        )
+        self.mask = roll_left(mask, getattr(module, "cp_group", None), packed_seq_params())
         self.depth += 1
         return self.depth, self.mask
+
+
+def roll_left(
+    tensor: torch.Tensor, cp_group: Any, packed: Any, roll_tensor: Optional[Callable] = None
+) -> torch.Tensor:
+    """`tensor` [b, s] rolled one position left along the sequence, zero-filled, as Megatron
+    rolls an MTP head's labels and loss mask (over the CP group and packed documents), with
+    Megatron's own roll_tensor (by default the installed one) in either of its signatures: up to
+    core 0.19 and on main, one tensor in and (rolled, sum) out; on dev (Megatron-LM #6246) a
+    list of tensors in and a list out."""
+    if roll_tensor is None:
+        from megatron.core.transformer.multi_token_prediction import roll_tensor
+    how = dict(shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=packed)
+    if rolls_a_list(roll_tensor):
+        (rolled,) = roll_tensor([tensor], **how)
+        return rolled
+    return roll_tensor(tensor, **how)[0]
+
+
+@functools.cache
+def rolls_a_list(roll_tensor: Callable) -> bool:
+    """Whether Megatron's roll_tensor takes a list of tensors (dev, #6246: `tensors`)."""
+    first = next(iter(inspect.signature(roll_tensor).parameters))
+    return first == "tensors"
 
 
 def mtp_heads() -> Optional[MtpHeads]:

@@ -247,7 +247,7 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
         if cfg is not None:
             registration = reg.current()
             route = weight_gradient_of(registration.logits_free) if registration else None
-            refusals.one_line(refusals.check_model_config)(model.config, route)
+            refusals.one_line(refusals.check_model_config)(model.config, route, model)
         return model
 
     return provider

@@ -292,22 +292,49 @@ LOGITS_FREE_REPLACES = (
 )
 
 
-def fusion_replacement(impl: str, logits_free: Optional[str] = None) -> str:
+# Megatron-LM #6766 (after core 0.19): LanguageModule.__init__ picks its cross-entropy once,
+# through the backend spec provider, and keeps it under this name; the method the hook replaces
+# calls it. The config's impl then no longer says which kernel that is (never TE's).
+CACHED_CROSS_ENTROPY = "vocab_parallel_cross_entropy"
+CACHED_REPLACED_BY = (
+    "the cross-entropy this model chose when it was built (%s, impl setting %r) is replaced by "
+    "del_megatron's vocab-parallel CE+digit kernel"
+)
+
+
+def cached_cross_entropy(module: Any) -> Optional[Callable]:
+    """The cross-entropy function `module` keeps from its construction (Megatron-LM #6766),
+    else None."""
+    cached = vars(module).get(CACHED_CROSS_ENTROPY) if module is not None else None
+    return cached if callable(cached) else None
+
+
+def fusion_replacement(
+    impl: str, logits_free: Optional[str] = None, cached: Optional[Callable] = None
+) -> str:
     """The log line saying what replaces fused cross-entropy `impl`, and at what memory
-    (logits_free: the weight-gradient route, None when the loss keeps its logits)."""
+    (logits_free: the weight-gradient route, None when the loss keeps its logits; cached: the
+    model's own choice of cross-entropy, named instead of `impl`'s where the model keeps one)."""
+    if cached is not None:
+        name = f"{getattr(cached, '__module__', '?')}.{getattr(cached, '__qualname__', cached)}"
+        if logits_free is not None:
+            return LOGITS_FREE_REPLACES % (f"the model's cross-entropy ({name})", logits_free)
+        return CACHED_REPLACED_BY % (name, impl)
     if logits_free is not None:
         return LOGITS_FREE_REPLACES % (FUSION_NAMES[impl], logits_free)
     return FUSION_REPLACED_BY[impl]
 
 
-def check_model_config(config: Any, logits_free: Optional[str] = None) -> None:
+def check_model_config(config: Any, logits_free: Optional[str] = None, module: Any = None) -> None:
     """Refuse a model config del_megatron cannot train right (check_megatron_settings; logits_free:
     the weight-gradient route, None when the loss keeps its logits), and log once which fused
-    cross-entropy it replaces."""
+    cross-entropy it replaces (the one `module`, the model when given, chose at build, where it
+    keeps one)."""
     check_megatron_settings(config, logits_free)
     if getattr(config, "cross_entropy_loss_fusion", False):
         impl = getattr(config, "cross_entropy_fusion_impl", "native")
-        reg.log_once("fusion", "del_megatron: %s", fusion_replacement(impl, logits_free))
+        line = fusion_replacement(impl, logits_free, cached_cross_entropy(module))
+        reg.log_once("fusion", "del_megatron: %s", line)
 
 
 def check_model_once(module: Any) -> None:
@@ -322,7 +349,7 @@ def check_model_once(module: Any) -> None:
     if reg.of_model(module) is None:
         return
     route = lf.route_of(module)
-    check_model_config(module.config, route)
+    check_model_config(module.config, route, module)
     output_layer = getattr(module, "output_layer", None)
     if route is not None and output_layer is not None:
         lf.check_no_logit_scaling(module.config)

@@ -1,7 +1,10 @@
 """Bodies of the Megatron-Core integration tests; each runs on every rank of a gloo group. One
 module a feature; the checks by name (tests/test_megatron_hook.py looks them up here)."""
 
-from .config_fields import check_config_fields_and_fusion_modes
+from .config_fields import (
+    check_a_cross_entropy_cached_at_build_is_replaced,
+    check_config_fields_and_fusion_modes,
+)
 from .context_parallel import check_hook_passes_the_cp_group
 from .first_sight_refusals import check_refused_when_the_hook_first_sees_the_model
 from .hook import (
@@ -23,6 +26,7 @@ from .packed_sequences import (
 )
 
 __all__ = [
+    "check_a_cross_entropy_cached_at_build_is_replaced",
     "check_config_fields_and_fusion_modes",
     "check_fp32_logits_take_their_gradient_in_place",
     "check_hook_equals_numerical_lm_loss",

@@ -80,3 +80,72 @@ def check_config_fields_and_fusion_modes(tp: int) -> None:
             _fused_gpt(tp, "linear")(tokens, positions, None, labels=labels)
     finally:
         dmm.unregister()
+
+
+@contextlib.contextmanager
+def cross_entropy_cached_at_build():
+    """Megatron-LM #6766's shape on this core: LanguageModule.compute_language_model_loss calls
+    the cross-entropy its __init__ cached on the model (`self.vocab_parallel_cross_entropy`).
+    Yields the calls made to the cached function."""
+    from megatron.core import tensor_parallel
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    calls = []
+
+    def chosen_at_build(logits, labels):
+        calls.append(1)
+        return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
+
+    def compute_language_model_loss(self, labels, logits):  # the #6766 body
+        labels = labels.transpose(0, 1).contiguous()
+        loss = self.vocab_parallel_cross_entropy(logits.float(), labels)
+        return loss.transpose(0, 1).contiguous()
+
+    before = LanguageModule.compute_language_model_loss
+    LanguageModule.compute_language_model_loss = compute_language_model_loss
+    try:
+        yield calls, chosen_at_build
+    finally:
+        LanguageModule.compute_language_model_loss = before
+
+
+def check_a_cross_entropy_cached_at_build_is_replaced(tp: int) -> None:
+    """Under #6766's shape the hook still decides the loss, for a model built before register()
+    and one built after, never calling the cached function; the startup line names the cached
+    function (not TE's kernel, which #6766 never picks); unregister() gives the model its own
+    cross-entropy back."""
+    tokens, labels, positions = number_batch(2, seed=4)
+    with cross_entropy_cached_at_build() as (calls, chosen):
+
+        def built():
+            model = _fused_gpt(tp, "te")
+            model.vocab_parallel_cross_entropy = chosen  # as #6766's __init__ does
+            return model
+
+        early = built()
+        stock = early(tokens, positions, None, labels=labels)
+        assert len(calls) == 1
+        dmm.register(CFG)
+        try:
+            with captured_log() as records:
+                ours = early(tokens, positions, None, labels=labels)
+                late = built()(tokens, positions, None, labels=labels)
+        finally:
+            dmm.unregister()
+        assert len(calls) == 1  # the cached function was never reached under the hook
+        reference = build_gpt(tp)
+        reference.load_state_dict(early.state_dict())
+        dmm.register(CFG)
+        try:
+            want = reference(tokens, positions, None, labels=labels)
+        finally:
+            dmm.unregister()
+        torch.testing.assert_close(ours, want)
+        torch.testing.assert_close(late, want)
+        assert not torch.allclose(ours, stock)  # teeth: DEL differs from plain CE
+        torch.testing.assert_close(early(tokens, positions, None, labels=labels), stock)
+        assert len(calls) == 2
+    said = [r for r in records if "replaced by" in r]
+    if dist.get_rank() == 0:
+        assert len(said) == 1 and "chosen_at_build" in said[0], records
+        assert "Transformer Engine" not in said[0] and "impl setting 'te'" in said[0], said
