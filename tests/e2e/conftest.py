@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -14,7 +15,9 @@ from tests.sentencepiece_models import train_sentencepiece_models
 from .megatron_lm import (
     DROP_IN,
     Run,
+    applying_patch,
     check_sources,
+    heads_for_this_environment,
     prepare_tree,
     run_pretrain,
     tags_for_this_environment,
@@ -26,8 +29,27 @@ _TAGS = tags_for_this_environment()
 collect_ignore = []
 if importlib.util.find_spec("transformers") is None or not {"core_v0.19.0", "user"} & set(_TAGS):
     collect_ignore.append("test_chunked_tokenizer.py")
+# Megatron-LM's development heads: in the environment whose megatron-core they pair with.
+if not heads_for_this_environment():
+    collect_ignore.append("test_heads.py")
 
-VARIANTS = ("patched", "drop-in")
+
+def variants_for_this_environment() -> tuple:
+    """The ways into the plugin the tests run: the patched pretrain_gpt.py and the drop-in;
+    for a user's checkout that none of our patches applies to (Megatron-LM's dev branch), the
+    drop-in alone, which is the route there."""
+    checkout = os.environ.get("MEGATRON_LM_DIR")
+    if checkout and applying_patch(Path(checkout), "user") is None:
+        print(
+            f"MEGATRON_LM_DIR={checkout}: no patch in patches/ applies; the drop-in runs the checks"
+        )
+        return ("drop-in",)
+    return ("patched", "drop-in")
+
+
+VARIANTS = variants_for_this_environment()
+# The script of the checks that run one way in: the patched one where a patch applies.
+SCRIPT = VARIANTS[0]
 # The drop-in launched from the patched tree, as the Docker image allows: both ways at once.
 DROP_IN_OVER_PATCH = "drop-in-over-patch"
 

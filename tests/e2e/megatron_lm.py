@@ -32,6 +32,9 @@ RUN_TIMEOUT_S = 600
 
 # The Megatron-LM releases each pinned environment runs (megatron-core major.minor -> tags).
 TAGS_BY_CORE = {"0.16": ["core_v0.16.1"], "0.19": ["core_v0.18.0", "core_v0.19.0"]}
+# Megatron-LM's development heads (snapshots named <branch>-<commit>, dated in docs/testing.md),
+# run by tests/e2e/test_heads.py in the environment whose megatron-core they build against.
+HEADS_BY_CORE = {"0.19": ["main-d98e8a6", "dev-d48bd6b"]}
 
 # A tiny GPT on CPU, Megatron-LM flags only. Mock data over a NullTokenizer vocab of 1024:
 # MockGPTDataset's documents count up 1, 2, 3, ... so ids 10..19 appear as one ten-digit number
@@ -59,17 +62,26 @@ def tags_for_this_environment() -> List[str]:
     return TAGS_BY_CORE[core]
 
 
+def heads_for_this_environment() -> List[str]:
+    """The development heads to test with the installed megatron-core (none for a user's
+    checkout, which runs every e2e test itself)."""
+    if USER_CHECKOUT:
+        return []
+    return HEADS_BY_CORE.get(".".join(version("megatron-core").split(".")[:2]), [])
+
+
 def check_sources() -> None:
-    """Raise megatron_lm_source.SourceUnavailable, one line naming what to set, when a tag this
-    environment tests has no sources anywhere."""
-    megatron_lm_source.find_all(tags_for_this_environment())
+    """Raise megatron_lm_source.SourceUnavailable, one line naming what to set, when a tag or
+    head this environment tests has no sources anywhere."""
+    megatron_lm_source.find_all(tags_for_this_environment() + heads_for_this_environment())
 
 
-def _patch_for(tree: Path, tag: str) -> Path:
-    """patches/megatron-lm-<tag>-pretrain_gpt.patch, or for a user's checkout the patch that
-    applies to it."""
+def applying_patch(tree: Path, tag: str) -> Optional[Path]:
+    """patches/megatron-lm-<tag>-pretrain_gpt.patch for a release tag; for a development head
+    or a user's checkout the first of our patches that `git apply --check` accepts there, or
+    None when none does (the drop-in is the route there)."""
     candidates = sorted(PATCHES.glob("*.patch"))
-    if tag != "user":
+    if tag in {t for tags in TAGS_BY_CORE.values() for t in tags}:
         candidates = [PATCHES / f"megatron-lm-{tag}-pretrain_gpt.patch"]
     for patch in candidates:
         check = subprocess.run(
@@ -77,7 +89,14 @@ def _patch_for(tree: Path, tag: str) -> Path:
         )
         if check.returncode == 0:
             return patch
-    raise RuntimeError(f"no patch in {PATCHES} applies to {tree}/pretrain_gpt.py")
+    return None
+
+
+def _patch_for(tree: Path, tag: str) -> Path:
+    patch = applying_patch(tree, tag)
+    if patch is None:
+        raise RuntimeError(f"no patch in {PATCHES} applies to {tree}/pretrain_gpt.py")
+    return patch
 
 
 def prepare_tree(tag: str, dest: Path, patched: bool) -> Path:

@@ -31,7 +31,7 @@ import pytest
 from del_megatron.kernels.linear import NOT_PROPORTIONAL
 from del_megatron.megatron.logits_free import core_supports
 
-from .conftest import DROP_IN_OVER_PATCH, VARIANTS
+from .conftest import DROP_IN_OVER_PATCH, SCRIPT, VARIANTS
 from .megatron_lm import (
     DIGIT_IDS,
     DIGIT_KEYED,
@@ -84,7 +84,7 @@ def base_runs(trainer):
 
     def saving(fmt: str):
         flags = ["--save", str(trainer.path(f"ckpt-{fmt}")), "--save-interval", "5"]
-        return flags + ["--ckpt-format", fmt] if trainer.variant == PATCHED else []
+        return flags + ["--ckpt-format", fmt] if trainer.variant == SCRIPT else []
 
     writing = tensorboard(trainer, "del-digit") if trainer.variant == "drop-in" else []
     ce = trainer.run("ce", common + ["--numerical-loss", "ce", "--del-digit-token-ids", *DIGIT_IDS])
@@ -99,6 +99,9 @@ parametrize = pytest.mark.parametrize
 tags = parametrize("tag", _tags())
 newest_tag = parametrize("tag", _tags()[-1:])
 variants = parametrize("variant", VARIANTS)
+# Both ways in against each other: where a patch applies (every tag; not dev's head).
+both_ways = parametrize("tag", _tags() if PATCHED in VARIANTS else [])
+newest_both_ways = parametrize("tag", _tags()[-1:] if PATCHED in VARIANTS else [])
 
 
 @tags
@@ -125,7 +128,7 @@ def test_iteration_one_is_ce_plus_alpha_times_the_term(trainers, tag, variant):
     assert first_digit["lm loss"] != pytest.approx(first_token["lm loss"], rel=PRINTED)
 
 
-@tags
+@both_ways
 def test_the_drop_in_prints_what_the_patched_script_prints(trainers, tag):
     patched, drop_in = base_runs(trainers(tag, PATCHED)), base_runs(trainers(tag, "drop-in"))
     for ours, theirs in zip(drop_in, patched, strict=True):
@@ -135,7 +138,7 @@ def test_the_drop_in_prints_what_the_patched_script_prints(trainers, tag):
         assert STARTUP_REPORT in theirs.log and STARTUP_REPORT in ours.log
 
 
-@newest_tag
+@newest_both_ways
 def test_the_drop_in_from_a_patched_tree_prints_what_the_patched_script_prints(trainers, tag):
     """The drop-in launched from a tree our patch already changed (the Docker image's): each
     wrapper acts once, so with the step-wide digit reduction it trains the 10 iterations the
@@ -232,7 +235,7 @@ def test_tensorboard_gets_each_steps_telemetry_and_every_validation(trainers, ta
 @newest_tag
 @parametrize("fmt", ["torch", "torch_dist"])
 def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
-    trainer = trainers(tag, PATCHED)
+    trainer = trainers(tag, SCRIPT)
     _, token, digit = base_runs(trainer)
     uninterrupted, flags = (token, TOKEN) if fmt == "torch_dist" else (digit, DIGIT)
     resumed = trainer.run(
@@ -240,9 +243,14 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, tag, fmt):
         TINY_GPT + MOCK_DATA + TP2 + DEL + flags
         + ["--load", str(trainer.path(f"ckpt-{fmt}")), "--ckpt-step", "5", "--ckpt-format", fmt],
     )  # fmt: skip
+    assert_resumed_repeats(uninterrupted, resumed, ("lm loss", "ce loss", "del term", "grad norm"))
+
+
+def assert_resumed_repeats(uninterrupted, resumed, keys) -> None:
+    """A run resumed from iteration 5 prints iterations 6 to 10 of the uninterrupted run."""
     assert resumed.returncode == 0, resumed.log[-3000:]
     assert sorted(resumed.iterations) == list(range(6, 11)), resumed.log[-3000:]
-    for key in ("lm loss", "ce loss", "del term", "grad norm"):
+    for key in keys:
         before, after = uninterrupted.series(key, 6, 10), resumed.series(key, 6, 10)
         assert after[0] == before[0] and after[2:] == before[2:], key
         # Megatron-LM does not reset its log accumulators after a run's first iteration, so
@@ -268,7 +276,7 @@ LOGITS_FREE = ["--del-logits-free"]
 
 @newest_tag
 def test_tensor_parallel_1_and_2_and_sequence_parallel_agree(trainers, tag):
-    trainer = trainers(tag, PATCHED)
+    trainer = trainers(tag, SCRIPT)
     common = NO_DROPOUT
     tp2 = trainer.run("del-tp2-nodropout", common + TP2)
     tp1 = trainer.run("del-tp1-nodropout", common + ["--tensor-model-parallel-size", "1"], 1)
@@ -294,7 +302,7 @@ def test_logits_free_runs_equal_the_materialised_runs(trainers, tag):
     gradient takes the "auto" route ("forward" here: the run is in fp32), with SP the
     "backward" one. Cores without GPTModel's output_processor stop before training, naming the
     version."""
-    trainer = trainers(tag, PATCHED)
+    trainer = trainers(tag, SCRIPT)
     if not core_supports():
         _assert_logits_free_refused(trainer)
         return
@@ -352,7 +360,7 @@ def test_the_gpu_flag_set_trains_logits_free_as_it_trains_materialised(trainers,
     update; the grad norm, a sum of those gradients, likewise from iteration 1. The digit
     accuracy may differ by one digit target (an argmax between two digit logits within bf16
     rounding of each other; 10 or more digit targets a step here)."""
-    trainer = trainers(tag, PATCHED)
+    trainer = trainers(tag, SCRIPT)
     if not core_supports():
         _assert_logits_free_refused(trainer)
         return
@@ -396,7 +404,7 @@ def test_logits_free_peak_memory_is_below_the_materialised_runs(trainers, tag):
     materialised loss takes its gradient in place, over its one copy of the logits, as
     Megatron's CE does; the logits-free run holds a chunk and its gradient at a time.) Both
     figures go to memory.json beside the runs."""
-    trainer = trainers(tag, PATCHED)
+    trainer = trainers(tag, SCRIPT)
     if not core_supports():
         _assert_logits_free_refused(trainer)
         return
@@ -433,7 +441,7 @@ def test_null_tokenizer_without_digit_ids_stops_before_training(trainers, tag, v
 def test_digit_ids_come_from_the_runs_tokenizer_and_merging_ones_are_refused(
     trainers, sentencepiece_models, tag
 ):
-    trainer = trainers(tag, PATCHED)
+    trainer = trainers(tag, SCRIPT)
     common = TINY_GPT + ["--mock-data", "--tokenizer-type", "SentencePieceTokenizer"]
     common = common + ["--numerical-loss", "del", "--train-iters", "2", "--eval-iters", "0"]
     merging = trainer.run(

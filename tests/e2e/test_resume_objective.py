@@ -33,7 +33,7 @@ def del_flags(flags: Sequence[str]) -> argparse.Namespace:
 
 @pytest.mark.parametrize("tag", _tags()[-1:])
 def test_resuming_with_another_alpha_announces_old_and_new_and_trains(trainers, tag):
-    trainer = trainers(tag, base.PATCHED)
+    trainer = trainers(tag, base.SCRIPT)
     base.base_runs(trainer)
     saved = TINY_GPT + MOCK_DATA + base.TP2 + base.DEL + base.DIGIT
     alpha = 10 * base.ALPHA
