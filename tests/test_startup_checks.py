@@ -146,19 +146,36 @@ def test_del_flags_without_a_numerical_loss_are_refused_with_the_flag_to_add(arg
     assert register_from_args(parse([]), tokenizer=None) is None
 
 
-def test_a_del_flag_given_at_its_default_without_a_loss_is_refused_too(monkeypatch):
-    """--del-alpha 0.1 is the default value: on the command line without --numerical-loss it
-    is still the forgotten flag (Megatron-LM parses sys.argv)."""
-    argv = ["--del-alpha", "0.1"]
-    args = parse(argv)
-    assert args.del_alpha == dmm.add_arguments(argparse.ArgumentParser()).parse_args([]).del_alpha
-    dmm.config_from_args(args)  # the value alone: nothing says it was given
-    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", *argv])
-    with pytest.raises(ValueError, match="--del-alpha set without --numerical-loss"):
-        dmm.config_from_args(args)
-    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", "--del-alpha=0.1"])
-    with pytest.raises(ValueError, match="--del-alpha set without --numerical-loss"):
-        dmm.config_from_args(args)
+# Every --del-* flag that needs a loss, given at its default value where it has one to give
+# (the others with a value: their defaults are None or off, so any given value differs).
+GIVEN_AT_DEFAULT = [
+    ["--del-alpha", "0.1"],
+    ["--del-alpha=0.1"],
+    ["--del-reduction", "digit"],
+    ["--del-digit-share", "0.5"],
+    ["--del-digit-token-ids", *map(str, range(10))],
+    ["--del-decimal-point-token-ids"],
+    ["--del-allow-multi-digit-tokens"],
+    ["--del-slot-logits", "length"],
+    ["--del-single-digits-only"],
+]
+
+
+@pytest.mark.parametrize("argv", GIVEN_AT_DEFAULT, ids=lambda argv: argv[0].split("=")[0])
+def test_a_del_flag_given_without_a_loss_is_refused_whatever_its_value(argv, monkeypatch, capsys):
+    """The forgotten --numerical-loss: a --del-* flag on the command line is refused, also at
+    its default value (--del-alpha 0.1, --del-reduction digit), as Megatron-LM's parser
+    (lm.add_arguments) parses it, whatever sys.argv holds; the defaults alone are stock."""
+    from del_megatron.megatron import lm
+
+    monkeypatch.setattr("sys.argv", ["pytest"])  # what was given is what the parser saw
+    flag = argv[0].split("=")[0]
+    parser = lm.add_arguments(argparse.ArgumentParser())
+    line = one_refusal_line(capsys, parser.parse_args, argv)
+    assert line.startswith(f"{flag} set without --numerical-loss"), line
+    with pytest.raises(ValueError, match=f"{flag} set without --numerical-loss"):
+        dmm.config_from_args(parse(argv))
+    assert dmm.config_from_args(parse([])).loss == "ce"  # nothing given: stock CE
 
 
 def test_the_startup_report_names_loss_weight_reduction_slot_rule_and_ids(caplog):

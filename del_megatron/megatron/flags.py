@@ -6,7 +6,6 @@ ids are resolved from the run's tokenizer by digit_ids.py."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, Callable, Optional
 
 from ..config import (
@@ -32,6 +31,22 @@ SINGLE_DIGITS_FLAG = "--del-single-digits-only"
 MULTI_DIGITS_FLAG = "--del-allow-multi-digit-tokens"
 # Flags that act without --numerical-loss too (a logits-free CE).
 WITH_CE = ("del_logits_free",)
+# On the parsed namespace: the dests of the --del-* flags the command line gave, whatever their
+# values (a flag given at its default value is given all the same).
+GIVEN = "del_flags_given"
+
+
+def _recording(parser: argparse.ArgumentParser, action: str) -> type:
+    """argparse's `action` class, recording its dest in the namespace's GIVEN set when the
+    command line gives the flag."""
+    base = parser._registry_get("action", action, action)
+
+    class Given(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            setattr(namespace, GIVEN, set(getattr(namespace, GIVEN, None) or ()) | {self.dest})
+            super().__call__(parser, namespace, values, option_string)
+
+    return Given
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -39,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="numerical loss (del_megatron)")
     group.add_argument(
         "--numerical-loss",
+        action=_recording(parser, "store"),
         choices=LOSSES,
         default=None,
         help="loss added to cross-entropy on digit targets. 'ce' is an A/B's control arm: "
@@ -47,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-alpha",
+        action=_recording(parser, "store"),
         type=float,
         default=DEFAULT_ALPHA,
         help="weight of the numerical term's mean over digit targets, as in the papers: "
@@ -56,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-reduction",
+        action=_recording(parser, "store"),
         choices=REDUCTIONS,
         default=DEFAULT_REDUCTION,
         help="'digit' (default): the term is averaged over the digit targets of the whole step "
@@ -64,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-digit-share",
+        action=_recording(parser, "store"),
         type=float,
         default=None,
         metavar="S",
@@ -72,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         FLAGS["vocab"],
+        action=_recording(parser, "store"),
         type=int,
         nargs=10,
         default=None,
@@ -80,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         FLAGS["points"],
+        action=_recording(parser, "store"),
         type=int,
         nargs="*",
         default=None,
@@ -88,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-logits-free",
+        action=_recording(parser, "store"),
         nargs="?",
         const=DEFAULT_WEIGHT_GRADIENT,
         default=False,
@@ -103,13 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-allow-multi-digit-tokens",
-        action="store_true",
+        action=_recording(parser, "store_true"),
         help="accept a tokenizer that merges digits in another way than a chunking one, or has "
         "tokens of its own for a digit after a space (GPT-2's 'Ġ4'); DEL then acts on the "
         "bare single-digit tokens only (Llama-3's chunks of up to three need no opt-in)",
     )
     group.add_argument(
         "--del-slot-logits",
+        action=_recording(parser, "store"),
         choices=RULES,
         default=None,
         help="with a chunking tokenizer (Llama-3, o200k, DeepSeek-V3): give every digit of its "
@@ -120,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--del-single-digits-only",
-        action="store_true",
+        action=_recording(parser, "store_true"),
         help="with a chunking tokenizer (Llama-3, o200k, DeepSeek-V3), give the term to the "
         "ten single-digit tokens only: the default without --del-slot-logits, said explicitly",
     )
@@ -193,25 +216,19 @@ def digit_vocab_from_args(args: Any, tokenizer: Any = None) -> Optional[DigitVoc
     )
 
 
-def _on_the_command_line(flag: str) -> bool:
-    """Whether `flag` is in this process's command line (Megatron-LM parses sys.argv)."""
-    return any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
-
-
 def _set_del_flags(args: Any) -> dict:
-    """The --del-* flags (-> their dest) set to other than their defaults or given on the
-    command line at all (--del-alpha 0.1 is the default), those that act without a loss
-    (WITH_CE) aside."""
+    """The --del-* flags (-> their dest) the command line gave, whatever their values (GIVEN,
+    recorded as add_arguments' parser parsed them: --del-alpha 0.1 is given though 0.1 is the
+    default), and those set to other than their defaults on a namespace made another way;
+    those that act without a loss (WITH_CE) aside."""
     defaults = vars(add_arguments(argparse.ArgumentParser()).parse_args([]))
+    given = getattr(args, GIVEN, None) or set()
     return {
         "--" + name.replace("_", "-"): name
         for name, default in defaults.items()
         if name.startswith("del_")
         and name not in WITH_CE
-        and (
-            getattr(args, name, default) != default
-            or _on_the_command_line("--" + name.replace("_", "-"))
-        )
+        and (name in given or getattr(args, name, default) != default)
     }
 
 
