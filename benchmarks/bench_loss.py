@@ -66,9 +66,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import del_megatron as dm  # noqa: E402
+from del_megatron.digits.numbers import number_layout  # noqa: E402
 from del_megatron.heads import HEADS  # noqa: E402
 from del_megatron.loss import LOSSES  # noqa: E402
-from del_megatron.numbers import number_layout  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 VOCAB = dm.DigitVocab(digit_ids=range(15, 25), decimal_point_ids=[13])
@@ -327,7 +327,9 @@ def linear_implementations(tp: int, group):
         return fn
 
     def recompute(labels, hidden, weight):
-        return dm.numerical_linear_loss(hidden, weight, labels, cfg, tp_group=group)
+        return dm.numerical_linear_loss(
+            hidden, weight, labels, cfg, dm.VocabParallelLayout(tp_group=group)
+        )
 
     impls = {"linear_materialised": materialised}
     impls.update({name: logits_free(route) for name, route in LINEAR_ROUTES.items()})
@@ -508,7 +510,7 @@ def _time_place_weights(labels, reps: int) -> float:
 
 
 def _spawn(case, phase, reps, names, threads=None):
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

@@ -1,13 +1,23 @@
 """del-megatron: the Digit Entropy Loss (and its peers) for Megatron-Core, vocab-parallel.
 
-The math is docs/DEL.md. Modules, each importing only those before it (calls and
-TYPE_CHECKING included): number_tokens, tokenizers (digit ids of real tokenizers), vocab
-(DigitVocab), sequence (CP / packed positions) | kernels/ (the vocab-parallel primitive),
-numbers (place weights), heads (per-token terms), reference (slow oracles), preflight | loss
-(the public entry) | megatron/ (framework glue), cpu/ | demo/ | cli.
-`python -m tests.test_imports` prints the graph.
+The math is docs/DEL.md. The loss sits at the top level, by concept: config (NumericalLossConfig,
+what a run means), layout (VocabParallelLayout, how the tensors are split over ranks), loss
+(numerical_lm_loss, loss_parts, numerical_linear_loss: the public entry), heads (the per-token
+terms on the ten digit logits), kernels/ (the vocab-parallel primitive: per-token CE and digit
+logits in one pass), sequence (positions under context parallelism and packing), digit_stats
+(the digit distribution's sums at digit targets), device (checks on the device, no host sync),
+reference (slow fp64 oracles for the tests).
+
+Folders: digits/ (what a tokenizer's numbers are: ids, number runs, slots, a dataset's digit
+share), megatron/, automodel/ and cpu/ (the framework glue: Megatron-LM, Megatron-Bridge and
+NeMo; NeMo AutoModel; CUDA-less runs), tools/ (the `del-megatron` command, which a training job
+never imports). The loss imports no glue and no tools, and the glue no tools
+(tests/test_imports.py); `python -m tests.test_imports` prints the graph.
 """
 
+from .digits.numbers import place_weights
+from .digits.vocab import DigitVocab
+from .layout import VocabParallelLayout
 from .loss import (
     LossParts,
     NumericalLossConfig,
@@ -15,8 +25,6 @@ from .loss import (
     numerical_linear_loss,
     numerical_lm_loss,
 )
-from .numbers import place_weights
-from .vocab import DigitVocab
 
 # The one place the version is written: pyproject.toml reads this line without importing the
 # package (keep it a plain string literal); tests/test_packaging.py checks CITATION.cff against it.
@@ -26,6 +34,7 @@ __all__ = [
     "DigitVocab",
     "LossParts",
     "NumericalLossConfig",
+    "VocabParallelLayout",
     "loss_parts",
     "numerical_linear_loss",
     "numerical_lm_loss",

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, asdict, dataclass
 from typing import Any, Dict, Iterable, Optional
 
+from .digits.slots import DEFAULT_SLOT_LOGITS, RULES
+from .digits.vocab import DigitVocab
 from .heads import HEADS
-from .slots import DEFAULT_SLOT_LOGITS, RULES
-from .vocab import DigitVocab
 
 # Losses whose term is the cross-entropy itself at digit targets, not a head on digit logits:
 # "digit_ce", the control for "any extra weight on digits" (docs/DEL.md).
@@ -118,6 +118,19 @@ def check_learning_rate(value: Any, name: str = "lr", allow_zero: bool = False) 
     return rate
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The settings that need no vocab, as check_settings returned them: checked once, and
+    taken as they are by NumericalLossConfig.of (alpha and digit_share floats, slot_logits
+    never None)."""
+
+    loss: str
+    alpha: float
+    reduction: str
+    digit_share: Optional[float]
+    slot_logits: str
+
+
 def check_settings(
     loss: str = "del",
     alpha: Any = DEFAULT_ALPHA,
@@ -125,11 +138,11 @@ def check_settings(
     digit_share: Any = None,
     slot_logits: Optional[str] = None,
     names: Names = API_NAMES,
-) -> Dict[str, Any]:
+) -> Settings:
     """The one validation of the settings that need no vocab (NumericalLossConfig's defaults).
-    Returns alpha and digit_share as floats and slot_logits with None as DEFAULT_SLOT_LOGITS.
-    Loss "ce" reads neither the reduction nor the share, so they are not held against each
-    other there. Errors name the settings as `names` does."""
+    Returns them as Settings: alpha and digit_share as floats and slot_logits with None as
+    DEFAULT_SLOT_LOGITS. Loss "ce" reads neither the reduction nor the share, so they are not
+    held against each other there. Errors name the settings as `names` does."""
     slot_logits = DEFAULT_SLOT_LOGITS if slot_logits is None else slot_logits
     if loss not in LOSSES:
         raise ValueError(f"{names('loss')} must be one of {LOSSES}, got {loss!r}")
@@ -154,7 +167,22 @@ def check_settings(
         )
     if digit_share is not None:
         digit_share = check_digit_share(digit_share, share)
-    return {"alpha": alpha, "digit_share": digit_share, "slot_logits": slot_logits}
+    return Settings(loss, alpha, reduction, digit_share, slot_logits)
+
+
+def check_loss_given(loss: Optional[str], given: Iterable[str], names: Names = API_NAMES) -> None:
+    """Refuse settings given without a loss (`given`: their names, as `names` words them): the
+    forgotten --numerical-loss, or enable_numerical_loss(loss=None, alpha=...). The run would
+    train stock cross-entropy and read none of them."""
+    given = list(given)
+    if loss is not None or not given:
+        return
+    others = ", ".join(name for name in LOSSES if name not in ("ce", "del"))
+    raise ValueError(
+        f"{', '.join(given)} set without {names('loss')}, so the run trains stock "
+        f"cross-entropy and reads none of them: add {names('loss', 'del')} (or {others}; ce for "
+        "the control arm of an A/B), or drop them"
+    )
 
 
 def unused_weight_settings(loss: str, given: Iterable[str], names: Names = API_NAMES) -> str:
@@ -208,14 +236,51 @@ class NumericalLossConfig:
         checked = check_settings(
             self.loss, self.alpha, self.reduction, self.digit_share, self.slot_logits, names
         )
-        for name, value in checked.items():
+        for name, value in asdict(checked).items():
             object.__setattr__(self, name, value)
+        self._check_vocab()
+
+    def _check_vocab(self) -> None:
         if self.vocab is not None and not isinstance(self.vocab, DigitVocab):
             raise TypeError(f"vocab must be a DigitVocab, got {type(self.vocab).__name__}")
         if self.loss != "ce" and self.vocab is None:
             raise ValueError(
                 f"loss={self.loss!r} needs vocab=DigitVocab(...) (or DigitVocab.from_tokenizer)"
             )
+
+    @classmethod
+    def of(
+        cls, settings: Settings, vocab: Optional[DigitVocab], ignore_index: int = -100
+    ) -> NumericalLossConfig:
+        """The config of settings check_settings already checked (an entry that checks them
+        before it reads the tokenizer: the flags, enable_numerical_loss, AutoModel's YAML) and
+        the vocab read since; only the vocab is checked here."""
+        if not isinstance(settings, Settings):
+            raise TypeError(f"settings must be check_settings' Settings, got {type(settings)}")
+        cfg = object.__new__(cls)
+        for name, value in asdict(settings).items():
+            object.__setattr__(cfg, name, value)
+        object.__setattr__(cfg, "vocab", vocab)
+        object.__setattr__(cfg, "ignore_index", ignore_index)
+        cfg._check_vocab()
+        return cfg
+
+    @property
+    def counts_digits(self) -> bool:
+        """Whether the term's weight needs the scope's digit targets (the "digit" reduction of
+        a loss with a term)."""
+        return self.reduction == "digit" and self.loss != "ce"
+
+    def term_weight(self, digit_scale: Any = None) -> Any:
+        """The weight each digit target's term carries beside CE_t, the one rule every entry
+        uses: token_weight, or for the "digit" reduction alpha x digit_scale, the scope's
+        loss.digit_term_scale (its loss tokens / its digit targets: a float or a [] tensor on
+        the device). ValueError when the digit reduction gets no scale."""
+        if not self.counts_digits:
+            return self.token_weight
+        if digit_scale is None:
+            raise ValueError("the 'digit' reduction weighs the term by the scope's digit count")
+        return self.alpha * digit_scale
 
     @property
     def token_weight(self) -> float:

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+from .digits.numbers import held_slots
 from .loss import LossParts
-from .numbers import held_slots
 
 
 class DigitStats(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Callable, Dict
 import torch
 import torch.nn.functional as F
 
-from .vocab import NUM_DIGITS
+from .digits.vocab import NUM_DIGITS
 
 HeadFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -11,16 +11,13 @@ validate, chunk_tokens) is a keyword argument of the functions below.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from .config import CE_TERM_LOSSES, LOSSES, REDUCTIONS, NumericalLossConfig
-from .heads import HEADS
-from .kernels import ProcessGroup, digit_cross_entropy
-from .kernels.linear import DEFAULT_WEIGHT_GRADIENT, SequenceParallelGather
-from .numbers import (
+from .digits.numbers import (
     DigitPlaces,
     check_label_dtype,
     del_weights,
@@ -28,15 +25,21 @@ from .numbers import (
     number_layout,
     select_positions,
 )
-from .sequence import check_balancing, doc_starts, gather_sequence
-from .slots import length_conditioned
-from .vocab import NUM_DIGITS, DigitVocab
+from .digits.slots import length_conditioned
+from .digits.vocab import NUM_DIGITS, DigitVocab
+from .heads import HEADS
+from .kernels import ProcessGroup, digit_cross_entropy
+from .kernels.linear import DEFAULT_WEIGHT_GRADIENT, SequenceParallelGather
+from .layout import LOOSE, VocabParallelLayout, layout_of
+from .sequence import doc_starts, gather_sequence
 
 __all__ = [
+    "CE_TERM_LOSSES",
     "LOSSES",
     "REDUCTIONS",
     "LossParts",
     "NumericalLossConfig",
+    "VocabParallelLayout",
     "digit_term_scale",
     "loss_parts",
     "numerical_linear_loss",
@@ -153,16 +156,9 @@ class _Layout(NamedTuple):
     n_digits: torch.Tensor
 
 
-class _Sequence(NamedTuple):
-    """How this rank's positions sit in the whole sequence: the context-parallel group, packed
-    document offsets and the CP balancing (numerical_lm_loss)."""
-
-    cp_group: ProcessGroup
-    cu_seqlens: Optional[torch.Tensor]
-    cp_balancing: str
-
-
-def _sequence_layout(labels: torch.Tensor, cfg: NumericalLossConfig, seq: _Sequence) -> _Layout:
+def _sequence_layout(
+    labels: torch.Tensor, cfg: NumericalLossConfig, seq: VocabParallelLayout
+) -> _Layout:
     """Numbers are located on the whole sequence: gathered over the CP group, cut at packed
     document starts."""
     whole, positions, cu_seqlens = labels, None, seq.cu_seqlens
@@ -189,7 +185,7 @@ def _compose_parts(
     ce: torch.Tensor,
     digit_logits: torch.Tensor,
     cfg: NumericalLossConfig,
-    sequence: _Sequence,
+    sequence: VocabParallelLayout,
 ) -> LossParts:
     """ce [s * b] and digit logits [s * b, W] of a kernel (W: the vocab's number tokens) ->
     LossParts of [b, s]."""
@@ -236,8 +232,7 @@ def _kernel_parts(
     inputs: Tuple[torch.Tensor, ...],
     labels: torch.Tensor,
     cfg: NumericalLossConfig,
-    tp_group: ProcessGroup,
-    sequence: _Sequence,
+    layout: VocabParallelLayout,
     how: dict,
 ) -> LossParts:
     """A kernel's per-token CE and digit logits for `inputs` [s * b, ...] -> LossParts."""
@@ -246,12 +241,12 @@ def _kernel_parts(
         inputs,
         target,
         _vocab(cfg),
-        tp_group,
+        layout.tp_group,
         ignore_index=cfg.ignore_index,
         slot_logits=cfg.slot_logits,
         **how,
     )
-    return _compose_parts(labels, ce, digit_logits, cfg, sequence)
+    return _compose_parts(labels, ce, digit_logits, cfg, layout)
 
 
 def _result(
@@ -261,27 +256,25 @@ def _result(
         return parts
     if cfg.loss == "ce":
         return parts.ce
-    if cfg.reduction == "digit":
+    scale = None
+    if cfg.counts_digits:  # the sequence's own counts
         dtype = parts.term.dtype
-        ratio = digit_term_scale(parts.n_tokens.to(dtype), parts.n_digits.to(dtype))
-        parts = parts._replace(term=parts.term * ratio)
-    return parts.token_loss(cfg.token_weight)
+        scale = digit_term_scale(parts.n_tokens.to(dtype), parts.n_digits.to(dtype))
+    return parts.token_loss(cfg.term_weight(scale))
 
 
 def numerical_lm_loss(
     labels: torch.Tensor,
     logits: torch.Tensor,
     cfg: NumericalLossConfig,
-    tp_group: ProcessGroup = None,
+    layout: Optional[VocabParallelLayout] = None,
     return_parts: bool = False,
     *,
-    cp_group: ProcessGroup = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    cp_balancing: str = "document",
     kernel: str = "auto",
     inplace: bool = False,
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
+    **loose: Any,
 ) -> Union[torch.Tensor, LossParts]:
     """Cross-entropy plus a digit-aware term, per token (docs/DEL.md).
 
@@ -291,20 +284,14 @@ def numerical_lm_loss(
     reduction: CE_t + alpha / digit_share * term_t (the same mean where the sequence's digit
     share is digit_share). With return_parts, the LossParts instead.
 
-    tp_group=None MEANS THE LOGITS HOLD THE WHOLE VOCABULARY (no tensor parallelism). It does
-    not mean "the default TP group", as None does in Megatron-Core's vocab_parallel_cross_entropy:
-    under tensor parallelism pass the group (parallel_state.get_tensor_model_parallel_group()),
-    and each rank's logits are its contiguous vocab shard, as ColumnParallelLinear gives them.
-
-    cp_group: the context-parallel group when labels and logits hold this rank's load-balanced
-    chunks of the sequence (Megatron's layout); every digit is weighed, and the "digit"
-    reduction counted, as in the whole sequence (one all-gather of the labels). cu_seqlens:
-    offsets of packed documents in the (whole) sequence, THD labels [1, T]; numbers never run
-    across a document start (with CP: Megatron's cu_seqlens_padded). cp_balancing: how CP cut
-    packed sequences, "document" (each document in 2 * cp chunks, Megatron's default for THD)
-    or "sequence" (the whole packed sequence in 2 * cp chunks: core 0.19's hybrid context
-    parallelism, where cp_group is PackedSeqParams.cp_group, and inter-document masking).
-    Without cu_seqlens both are the sequence's 2 * cp chunks.
+    layout: how the tensors are split over ranks (VocabParallelLayout; None: one rank holds the
+    whole vocabulary and the whole sequence). Under tensor parallelism each rank's logits are
+    its contiguous vocab shard (layout.tp_group); under context parallelism, this rank's
+    load-balanced chunks of the sequence (layout.cp_group: every digit is weighed, and the
+    "digit" reduction counted, as in the whole sequence, with one all-gather of the labels);
+    with packed documents (layout.cu_seqlens), numbers never run across a document start. The
+    loose keywords tp_group=, cp_group=, cu_seqlens=, cp_balancing= of 0.1 still work in 0.2,
+    with a FutureWarning.
 
     How it is computed (results agree to rounding):
     kernel:       "auto", "softmax", "recompute" or "compiled" (kernels/__init__.py's table)
@@ -314,25 +301,31 @@ def numerical_lm_loss(
                   shard sizes (on the host, the first time a group sees a shard size)
     chunk_tokens: rows a "recompute"/"compiled" pass converts at once
     """
+    layout = layout_of("numerical_lm_loss", layout, loose, _LM_LOOSE)
     _check_config(cfg)
     _check_inputs(labels, logits)
-    sequence = _Sequence(cp_group, cu_seqlens, check_balancing(cp_balancing))
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
     inputs = (logits.reshape(-1, logits.size(-1)),)
-    parts = _kernel_parts(inputs, labels, cfg, tp_group, sequence, how)
+    parts = _kernel_parts(inputs, labels, cfg, layout, how)
     return _result(parts, cfg, return_parts)
+
+
+# The loose keywords of 0.1 (VocabParallelLayout's fields) each entry still takes in 0.2.
+_LM_LOOSE = ("tp_group", "cp_group", "cu_seqlens", "cp_balancing")
 
 
 def loss_parts(
     labels: torch.Tensor,
     logits: torch.Tensor,
     cfg: NumericalLossConfig,
-    tp_group: ProcessGroup = None,
-    **how,
+    layout: Optional[VocabParallelLayout] = None,
+    **how: Any,
 ) -> LossParts:
     """The per-token LossParts numerical_lm_loss composes its result from, before any reduction
     (numerical_lm_loss(..., return_parts=True)); keyword arguments as there."""
-    return numerical_lm_loss(labels, logits, cfg, tp_group, return_parts=True, **how)
+    loose = {name: how.pop(name) for name in list(how) if name in LOOSE}
+    layout = layout_of("loss_parts", layout, loose, _LM_LOOSE)
+    return numerical_lm_loss(labels, logits, cfg, layout, return_parts=True, **how)
 
 
 def numerical_linear_loss(
@@ -340,32 +333,28 @@ def numerical_linear_loss(
     weight: torch.Tensor,
     labels: torch.Tensor,
     cfg: NumericalLossConfig,
-    tp_group: ProcessGroup = None,
+    layout: Optional[VocabParallelLayout] = None,
     return_parts: bool = False,
     *,
-    cp_group: ProcessGroup = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    cp_balancing: str = "document",
-    sequence_parallel: bool = False,
     loss_mask: Optional[torch.Tensor] = None,
     kernel: str = "auto",
     inplace: bool = False,
     validate: bool = True,
     chunk_tokens: Optional[int] = None,
     weight_gradient: str = DEFAULT_WEIGHT_GRADIENT,
+    **loose: Any,
 ) -> Union[torch.Tensor, LossParts]:
-    """numerical_lm_loss(labels, hidden @ weight.T, cfg, tp_group, ...) without the logits.
+    """numerical_lm_loss(labels, hidden @ weight.T, cfg, layout, ...) without the logits.
 
     hidden [s, b, h] (the output layer's input: this CP rank's positions, the whole sequence on
     every tensor-parallel rank), weight [V_local, h] (this rank's shard of the output layer; the
-    whole one when tp_group is None, which here too means "no tensor parallelism"), labels [b, s]
-    int64. cp_group, cu_seqlens and cp_balancing as in numerical_lm_loss. Tokens are processed
-    chunk_tokens at a time (default: kernels/linear.py's default_chunk_tokens) and multiplied out
-    again in backward. Gradients reach hidden (summed over the tensor-parallel group) and weight.
-
-    sequence_parallel: hidden is [s/tp, b, h], this rank's slice of the positions, as Megatron's
-    --sequence-parallel hands it to the output layer (labels stay [b, s]); it is all-gathered
-    over tp_group here ([s, b, h], small beside the logits) and its gradient comes back sliced.
+    whole one without layout.tp_group), labels [b, s] int64. layout as in numerical_lm_loss,
+    and layout.sequence_parallel: hidden is [s/tp, b, h], this rank's slice of the positions, as
+    Megatron's --sequence-parallel hands it to the output layer (labels stay [b, s]); it is
+    all-gathered over tp_group here ([s, b, h], small beside the logits) and its gradient comes
+    back sliced. Tokens are processed chunk_tokens at a time (default: kernels/linear.py's
+    default_chunk_tokens) and multiplied out again in backward. Gradients reach hidden (summed
+    over the tensor-parallel group) and weight.
 
     loss_mask [b, s]: the weights the caller's reduction puts on each token's loss, as Megatron's
     loss_func does (sum(loss * loss_mask) times one scale). On the "forward" weight-gradient
@@ -382,22 +371,25 @@ def numerical_linear_loss(
     refused there), in bf16 by the size of "forward"'s buffers (docs/api.md).
 
     It has one kernel, "linear": kernel must be "auto" or "linear", and inplace False (there are
-    no logits to overwrite); anything else is refused.
+    no logits to overwrite); anything else is refused. The loose keywords of 0.1 (tp_group=,
+    cp_group=, cu_seqlens=, cp_balancing=, sequence_parallel=) still work in 0.2, with a
+    FutureWarning.
     """
+    layout = layout_of("numerical_linear_loss", layout, loose)
     _check_config(cfg)
-    _check_linear_inputs(hidden, weight, labels, tp_group, sequence_parallel)
-    sequence = _Sequence(cp_group, cu_seqlens, check_balancing(cp_balancing))
+    tp_group = layout.tp_group
+    _check_linear_inputs(hidden, weight, labels, tp_group, layout.sequence_parallel)
     ce_weights = None if loss_mask is None else _flat_loss_mask(loss_mask, labels)
     if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
         ce_weights = None  # no backward (evaluation): form no gradients in forward
     if cfg.loss in CE_TERM_LOSSES:
         ce_weights = None  # ce's gradient is weighed again at digit targets: not loss_mask's
-    if sequence_parallel and _world(tp_group) > 1:
+    if layout.sequence_parallel and _world(tp_group) > 1:
         hidden = SequenceParallelGather.apply(hidden, tp_group)
     how = dict(kernel=kernel, inplace=inplace, validate=validate, chunk_tokens=chunk_tokens)
     how.update(ce_weights=ce_weights, weight_gradient=weight_gradient)
     inputs = (hidden.reshape(-1, hidden.size(-1)), weight)
-    parts = _kernel_parts(inputs, labels, cfg, tp_group, sequence, how)
+    parts = _kernel_parts(inputs, labels, cfg, layout, how)
     return _result(parts, cfg, return_parts)
 
 
@@ -449,7 +441,8 @@ def _check_linear_inputs(
         if labels.size(1) == local * tp:
             raise ValueError(
                 f"hidden holds {local} of the {labels.size(1)} positions: it is "
-                "sequence-parallel. Pass sequence_parallel=True (it is gathered inside)"
+                "sequence-parallel. Pass layout=VocabParallelLayout(..., "
+                "sequence_parallel=True) (it is gathered inside)"
             )
     if tuple(labels.shape) != (b, s):
         held = f"{tp} sequence-parallel slices of " if sequence_parallel else ""

@@ -13,7 +13,7 @@ from typing import Dict, List, Set, Tuple
 import torch
 import torch.nn.functional as F
 
-from .vocab import NUM_DIGITS, DigitVocab
+from .digits.vocab import NUM_DIGITS, DigitVocab
 
 SCHEMES = ("del", "dist2")
 

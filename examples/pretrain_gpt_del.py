@@ -4,7 +4,7 @@ The drop-in itself is the installed package's module del_megatron.megatron.pretr
 from a Megatron-LM checkout (or with MEGATRON_LM_DIR naming one) these two are the same:
 
     torchrun ... -m del_megatron.megatron.pretrain_gpt_del <usual pretrain_gpt.py flags> \
-        --numerical-loss del --del-alpha 0.01 [--del-reduction token|digit]
+        --numerical-loss del --del-alpha 0.1
     torchrun ... /path/to/del-megatron/examples/pretrain_gpt_del.py <the same flags>
 
 docs/megatron-lm.md ("Two ways in") says what it does with each Megatron-LM release.

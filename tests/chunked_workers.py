@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 import del_megatron as dm
+from del_megatron.digits.slots import RULES
 from del_megatron.loss import LOSSES
 from del_megatron.reference import reference_lm_loss
-from del_megatron.slots import RULES
 
 from .cases import TOKEN_FORM, token_share
 
@@ -97,7 +97,7 @@ def check_materialised(seed: int, kernel: str) -> dict:
             ref = reference(labels, rounded, loss, upstream, rule)
             ref_ce, ref_term, ref_total, ref_grad = ref
             shard = _shard(rounded).detach().clone().requires_grad_(True)
-            how = dict(tp_group=_group(), kernel=kernel)
+            how = dict(layout=dm.VocabParallelLayout(tp_group=_group()), kernel=kernel)
             cfg = _config(loss, rule=rule)
             parts = dm.loss_parts(labels, shard, cfg, **how)
             total = dm.numerical_lm_loss(labels, shard, cfg, **how)
@@ -123,8 +123,10 @@ def check_digit_reduction_counts_digits(seed: int, kernel: str) -> None:
     labels, logits, upstream = inputs(seed)
     ref_ce, ref_term, _, _ = reference(labels, logits, "del", upstream)
     shard = _shard(logits).float()
-    loss = dm.numerical_lm_loss(labels, shard, _config("del", "digit"), tp_group=_group())
-    parts = dm.loss_parts(labels, shard, _config("del"), tp_group=_group())
+    loss = dm.numerical_lm_loss(
+        labels, shard, _config("del", "digit"), dm.VocabParallelLayout(tp_group=_group())
+    )
+    parts = dm.loss_parts(labels, shard, _config("del"), dm.VocabParallelLayout(tp_group=_group()))
     valid = labels != IGNORE
     n_digits = parts.digit_count.sum()
     assert n_digits > parts.is_digit.sum()  # some labels hold two or three digits
@@ -158,7 +160,9 @@ def check_collectives_carry_slot_sums(seed: int, kernel: str) -> None:
             (one_digit, n + 2, (n, 12)),
         ):
             sent.clear()
-            loss = dm.numerical_lm_loss(labels, shard, cfg, tp_group=_group(), kernel=kernel)
+            loss = dm.numerical_lm_loss(
+                labels, shard, cfg, dm.VocabParallelLayout(tp_group=_group()), kernel=kernel
+            )
             assert sent == [("MAX", (maxima,)), ("SUM", sums)], sent
             sent.clear()
             loss.sum().backward()
@@ -199,7 +203,7 @@ def check_logits_free(seed: int, route: str) -> dict:
                     ours_w,
                     labels,
                     _config(loss, rule=rule),
-                    tp_group=_group(),
+                    dm.VocabParallelLayout(tp_group=_group()),
                     loss_mask=loss_mask,
                     weight_gradient=route,
                     chunk_tokens=5,
@@ -276,9 +280,8 @@ def check_cp_and_packing(seed: int, kernel: str) -> None:
             packed[:, positions],
             logits,
             _config(loss, rule=rule),
+            dm.VocabParallelLayout(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens),
             kernel=kernel,
-            cp_group=dist.group.WORLD,
-            cu_seqlens=cu_seqlens,
         )
         (ours * upstream[:, positions].float()).sum().backward()
         assert _relative(ours, ref_total[:, positions]) < 2e-6, (loss, rule)

@@ -7,8 +7,8 @@ from typing import Dict
 
 import pytest
 
+from del_megatron.cpu.quick_exit import skip_final_collections
 from del_megatron.megatron.logits_free import MIN_CORE as LOGITS_FREE_CORE
-from del_megatron.quick_exit import skip_final_collections
 
 from .distributed import GlooWorkers
 

@@ -52,7 +52,9 @@ def tp_equals_whole_vocab(alpha: float) -> None:
         want = dm.numerical_lm_loss(labels, whole, cfg)
         want.sum().backward()
         shard = logits.chunk(world, dim=-1)[rank].clone().requires_grad_(True)
-        got = dm.numerical_lm_loss(labels, shard, cfg, tp_group=dist.group.WORLD)
+        got = dm.numerical_lm_loss(
+            labels, shard, cfg, dm.VocabParallelLayout(tp_group=dist.group.WORLD)
+        )
         got.sum().backward()
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from del_megatron.ports import free_port
-from del_megatron.quick_exit import skip_final_collections
+from del_megatron.cpu.ports import free_port
+from del_megatron.cpu.quick_exit import skip_final_collections
 
 __all__ = ["GlooWorkers", "free_port"]
 

@@ -52,14 +52,14 @@ def _counted(what: str, step, *args, **kwargs) -> None:
     assert not syncs.events, f"rank {dist.get_rank()} {what}:\n{syncs.report()}"
 
 
-def _lm_loss_step(labels, logits, cfg, tp_group, **how) -> None:
+def _lm_loss_step(labels, logits, cfg, layout, **how) -> None:
     leaf = logits.clone().requires_grad_(True)
-    (dm.numerical_lm_loss(labels, leaf, cfg, tp_group, **how) * 0.5).sum().backward()
+    (dm.numerical_lm_loss(labels, leaf, cfg, layout, **how) * 0.5).sum().backward()
 
 
-def _linear_step(hidden, weight, labels, cfg, tp_group, mask, **how) -> None:
+def _linear_step(hidden, weight, labels, cfg, layout, mask, **how) -> None:
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-    (dm.numerical_linear_loss(h, w, labels, cfg, tp_group, **how) * mask).sum().backward()
+    (dm.numerical_linear_loss(h, w, labels, cfg, layout, **how) * mask).sum().backward()
 
 
 def _local_batch(seed: int, packing: str, tp_group, cp_group):
@@ -96,9 +96,11 @@ def check_lm_loss_steps(seed: int) -> None:
             digit_share=token_share(reduction),
             ignore_index=IGNORE,
         )
-        layout = dict(cp_group=cp_group, cu_seqlens=cu_seqlens, cp_balancing=balancing)
+        layout = dm.VocabParallelLayout(
+            tp_group=tp_group, cp_group=cp_group, cu_seqlens=cu_seqlens, cp_balancing=balancing
+        )
         what = f"{kernel} {loss} {reduction} {packing}"
-        _counted(what, _lm_loss_step, labels, logits, cfg, tp_group, kernel=kernel, **layout)
+        _counted(what, _lm_loss_step, labels, logits, cfg, layout, kernel=kernel)
 
 
 def _linear_steps(seed: int, cases) -> None:
@@ -116,11 +118,17 @@ def _linear_steps(seed: int, cases) -> None:
         cfg = dm.NumericalLossConfig(
             loss="del", alpha=0.5, vocab=SPLIT_VOCAB, ignore_index=IGNORE, **TOKEN_FORM
         )
-        how = dict(cp_group=cp_group, cu_seqlens=cu_seqlens, cp_balancing=balancing)
-        how.update(sequence_parallel=sequence_parallel, weight_gradient=route, chunk_tokens=7)
+        layout = dm.VocabParallelLayout(
+            tp_group=tp_group,
+            cp_group=cp_group,
+            cu_seqlens=cu_seqlens,
+            cp_balancing=balancing,
+            sequence_parallel=sequence_parallel,
+        )
+        how = dict(weight_gradient=route, chunk_tokens=7)
         how.update(loss_mask=mask if masked else None)
         what = f"linear {route} mask={masked} sp={sequence_parallel} {packing}"
-        _counted(what, _linear_step, hidden, weight, labels, cfg, tp_group, mask, **how)
+        _counted(what, _linear_step, hidden, weight, labels, cfg, layout, mask, **how)
 
 
 def check_linear_loss_steps(seed: int) -> None:

@@ -8,7 +8,8 @@
 #          Megatron-Bridge and NeMo tests run in the bridge layer (.venv312-bridge)
 #   e2e    Megatron-LM's own pretrain_gpt.py (patched) and examples/pretrain_gpt_del.py under
 #          torchrun on CPU: core_v0.16.1 on Python 3.11 / megatron-core 0.16.1, core_v0.18.0 and
-#          core_v0.19.0 on Python 3.12 / megatron-core 0.19.2 (MEGATRON_LM_DIR: your checkout);
+#          core_v0.19.0 and the development heads main and dev (tests/e2e/test_heads.py) on
+#          Python 3.12 / megatron-core 0.19.2 (MEGATRON_LM_DIR: your checkout);
 #          on Python 3.11 also docker/launch.sh on this machine and the demo's torchrun runs
 #          (tests/e2e/test_launch_cpu.py, tests/e2e/test_demo_runs.py)
 #   image  builds docker/Dockerfile on a CPU stand-in base and runs it (tests/image/run.sh)

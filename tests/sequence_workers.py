@@ -48,7 +48,7 @@ def _upstream(shape) -> torch.Tensor:
 def _whole_sequence(labels, logits, cfg, cu_seqlens=None):
     """The unsplit single-rank loss [b, S] and its logits gradient [S, b, V]."""
     logits = logits.clone().requires_grad_(True)
-    loss = dm.numerical_lm_loss(labels, logits, cfg, cu_seqlens=cu_seqlens)
+    loss = dm.numerical_lm_loss(labels, logits, cfg, dm.VocabParallelLayout(cu_seqlens=cu_seqlens))
     (loss * _upstream(loss.shape)).sum().backward()
     return loss.detach(), logits.grad
 
@@ -76,7 +76,9 @@ def check_cp_equals_whole_sequence(seed: int) -> None:
             )
             ref_loss, ref_grad = _whole_sequence(labels, full, cfg)
             logits = local["logits"].transpose(0, 1).contiguous().requires_grad_(True)
-            ours = dm.numerical_lm_loss(local["labels"], logits, cfg, cp_group=dist.group.WORLD)
+            ours = dm.numerical_lm_loss(
+                local["labels"], logits, cfg, dm.VocabParallelLayout(cp_group=dist.group.WORLD)
+            )
             (ours * _upstream(ref_loss.shape)[:, positions]).sum().backward()
             what = f"cp {cp} {loss} {reduction}"
             torch.testing.assert_close(
@@ -125,9 +127,8 @@ def check_cp_with_packed_documents(seed: int) -> None:
             packed[:, positions],
             full[positions],
             cfg,
+            dm.VocabParallelLayout(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens),
             return_parts=True,
-            cp_group=dist.group.WORLD,
-            cu_seqlens=cu_seqlens,
         )
         assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg), positions)
 
@@ -146,13 +147,15 @@ def check_linear_loss_under_cp_and_packing(seed: int) -> None:
     labels = packed[:, positions]
     for loss in ("del", "dist2"):
         cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, reduction="digit")
-        layout = dict(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens)
-        ours = dm.numerical_linear_loss(hidden, weight, labels, cfg, chunk_tokens=5, **layout)
-        want = dm.numerical_lm_loss(labels, hidden @ weight.t(), cfg, **layout)
+        layout = dm.VocabParallelLayout(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens)
+        ours = dm.numerical_linear_loss(hidden, weight, labels, cfg, chunk_tokens=5, layout=layout)
+        want = dm.numerical_lm_loss(labels, hidden @ weight.t(), cfg, layout=layout)
         torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-12)
-        parts = dm.numerical_linear_loss(hidden, weight, labels, cfg, return_parts=True, **layout)
+        parts = dm.numerical_linear_loss(
+            hidden, weight, labels, cfg, return_parts=True, layout=layout
+        )
         want_parts = dm.numerical_lm_loss(
-            labels, hidden @ weight.t(), cfg, return_parts=True, **layout
+            labels, hidden @ weight.t(), cfg, return_parts=True, layout=layout
         )
         assert_pieces_equal(parts, {f: getattr(want_parts, f) for f in PER_TOKEN})
 
@@ -182,14 +185,19 @@ def check_cp_sequence_balancing_with_packed_documents(seed: int) -> None:
     positions = cp_positions(total // cp, cp, rank, cu_seqlens, balancing="sequence")
     assert torch.equal(local["labels"], packed[:, positions])
     cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=SPLIT_VOCAB, **TOKEN_FORM)
-    layout = dict(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens, cp_balancing="sequence")
+    layout = dm.VocabParallelLayout(
+        cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens, cp_balancing="sequence"
+    )
     logits = local["logits"].transpose(0, 1).contiguous()
-    parts = dm.numerical_lm_loss(local["labels"], logits, cfg, return_parts=True, **layout)
+    parts = dm.numerical_lm_loss(local["labels"], logits, cfg, return_parts=True, layout=layout)
     assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg), positions)
     # The test has teeth: per-document balancing reads these positions differently.
     with pytest.raises(ValueError, match="cannot be cut into 2 \\* cp"):
         dm.numerical_lm_loss(
-            local["labels"], logits, cfg, cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens
+            local["labels"],
+            logits,
+            cfg,
+            dm.VocabParallelLayout(cp_group=dist.group.WORLD, cu_seqlens=cu_seqlens),
         )
 
     # Hybrid CP: pairs of ranks, each pair one sequence of its own.
@@ -199,9 +207,9 @@ def check_cp_sequence_balancing_with_packed_documents(seed: int) -> None:
     cu_seqlens = torch.tensor([0] + [d.size(1) for d in docs]).cumsum(0).to(torch.int32)
     full = logits_for(64, 1, PADDED_VOCAB_SIZE, seed + rank // 2)
     positions = cp_positions(32, 2, pair_rank, cu_seqlens, balancing="sequence")
-    layout = dict(cp_group=group, cu_seqlens=cu_seqlens, cp_balancing="sequence")
+    layout = dm.VocabParallelLayout(cp_group=group, cu_seqlens=cu_seqlens, cp_balancing="sequence")
     parts = dm.numerical_lm_loss(
-        packed[:, positions], full[positions], cfg, return_parts=True, **layout
+        packed[:, positions], full[positions], cfg, return_parts=True, layout=layout
     )
     assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg), positions)
     for pair in pairs:

@@ -20,9 +20,9 @@ import pytest
 import torch
 import yaml
 
-from del_megatron.ports import free_port
+from del_megatron.cpu.ports import free_port
+from del_megatron.digits.vocab import DigitVocab
 from del_megatron.reference import reference_lm_loss
-from del_megatron.vocab import DigitVocab
 
 from .automodel_data import DIGIT_IDS, VOCAB, DigitRows
 

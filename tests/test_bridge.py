@@ -193,7 +193,7 @@ TRAIN_ALPHA = 0.5  # tests/bridge_loops.py ALPHA
 
 
 def torchrun(*args: str) -> list:
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     launcher = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run"]
     # --tee 3: each rank's output goes through a file of its own, line by line, so that two

@@ -144,7 +144,7 @@ def printed_evaluations(stdout: str) -> dict:
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     folder = tmp_path_factory.mktemp("scoring")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}

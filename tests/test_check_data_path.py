@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from del_megatron.cli import main
+from del_megatron.tools.cli import main
 
 SHARE = re.compile(r"^digit share of --data-path: (\S+) of label positions", re.M)
 
@@ -17,7 +17,7 @@ SHARE = re.compile(r"^digit share of --data-path: (\S+) of label positions", re.
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """A prepared demo dataset (digit-splitting SentencePiece): (prefix, tokenizer path)."""
-    from del_megatron.demo.data import PREFIX, prepare
+    from del_megatron.tools.demo.data import PREFIX, prepare
 
     out = tmp_path_factory.mktemp("data")
     prepare(str(out), corpus=None, tokenizer=None, num_docs=400, num_eval=4, seed=3)
@@ -119,8 +119,8 @@ def test_a_sample_reads_whole_documents_spread_over_the_dataset(prepared, capsys
 def test_a_chunking_vocab_counts_every_digit_of_a_number_token(tmp_path):
     """Three-digit tokens count 3, two-digit ones 2 (ids: '0'..'9' 0-9, '.' 10, '00'..'99'
     11-110, '000'..'999' 111-1110, other tokens above)."""
-    from del_megatron.data_share import blend_share
-    from del_megatron.vocab import DigitVocab
+    from del_megatron.digits.data_share import blend_share
+    from del_megatron.digits.vocab import DigitVocab
 
     vocab = DigitVocab(range(10), [10], range(11, 1111))
     rng = np.random.default_rng(1)

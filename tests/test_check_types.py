@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import del_megatron as dm
-from del_megatron.cli import main
+from del_megatron.tools.cli import main
 
 from .sentencepiece_models import train_sentencepiece_models
 from .test_check_data_path import _write

@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import del_megatron as dm
-from del_megatron.numbers import del_weights, dist2_weights, number_layout
+from del_megatron.digits.numbers import del_weights, dist2_weights, number_layout
+from del_megatron.digits.vocab import multi_digit_text
 from del_megatron.reference import (
     reference_del_token,
     reference_lm_loss,
     reference_place_weights,
     slot_logits,
 )
-from del_megatron.vocab import multi_digit_text
 
 from . import chunked_workers
 from .cases import TOKEN_FORM, token_share
@@ -259,7 +259,7 @@ def test_megatron_flags_and_model_config_keep_the_number_tokens():
 
 
 def test_check_reports_the_real_llama3_file_as_chunking():
-    from del_megatron.preflight import check_tokenizer, report
+    from del_megatron.tools.preflight import check_tokenizer, report
 
     from .test_tokenizers import LLAMA3_TOKENIZER
 
@@ -346,7 +346,7 @@ def test_length_rule_sends_no_gradient_to_wrong_length_tokens(rule):
 
 
 def test_compare_scores_length_accuracy_and_digit_entropy_by_hand():
-    from del_megatron.demo.evaluate import digit_distributions
+    from del_megatron.tools.demo.evaluate import digit_distributions
 
     # '12' whose likeliest number token is '123' (a length miss), then '7' whose likeliest is
     # '5' (a hit), then an unscored position

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from del_megatron.cli import main
+from del_megatron.tools.cli import main
 
 from .test_tokenizers import gpt2_bpe_files
 
@@ -33,7 +33,7 @@ NEEDS_BOTH = (
 def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     """`del-megatron ARGV` run in `cwd` as a process of its own."""
     return subprocess.run(
-        [sys.executable, "-m", "del_megatron.cli", *argv],
+        [sys.executable, "-m", "del_megatron.tools.cli", *argv],
         cwd=cwd,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},  # the libraries' import warnings
         capture_output=True,
@@ -116,7 +116,7 @@ def test_an_output_folder_that_is_a_file_is_refused(tmp_path, command):
 
 
 def test_an_output_folder_inside_a_file_is_refused(tmp_path, capsys):
-    from del_megatron.demo.data import prepare
+    from del_megatron.tools.demo.data import prepare
 
     taken = tmp_path / "taken"
     taken.write_text("keep me")

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from del_megatron.demo import compare, stats
-from del_megatron.demo.compare import Arm, parse_arm
-from del_megatron.demo.config import differing_settings
-from del_megatron.slots import DEFAULT_SLOT_LOGITS
+from del_megatron.digits.slots import DEFAULT_SLOT_LOGITS
+from del_megatron.tools.demo import compare, stats
+from del_megatron.tools.demo.compare import Arm, parse_arm
+from del_megatron.tools.demo.config import differing_settings
 
 
 @pytest.mark.parametrize("df, quantile", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)])
@@ -304,7 +304,7 @@ def test_curves_are_summarized_over_seeds_by_hand():
 
 
 def test_final_train_ce_is_the_mean_of_the_last_twentieth():
-    from del_megatron.demo.report import final_train_ce
+    from del_megatron.tools.demo.report import final_train_ce
 
     history = [{"step": i + 1, "ce": float(i)} for i in range(100)]  # the last 5: 95..99
     assert final_train_ce(history) == pytest.approx(97.0)
@@ -313,7 +313,7 @@ def test_final_train_ce_is_the_mean_of_the_last_twentieth():
 
 
 def test_a_seed_s_base_is_trained_once_before_its_arms_and_checked_when_reused(tmp_path):
-    from del_megatron.demo import continued
+    from del_megatron.tools.demo import continued
 
     calls = []
 

@@ -123,3 +123,75 @@ def test_enable_numerical_loss_checks_its_settings_before_it_reads_the_tokenizer
         config_of_arguments(unreadable, None, False, {"alpah": 0.1})
     with pytest.raises(ValueError, match="slot_logits must be one of"):
         config_of_arguments(unreadable, None, False, {"slot_logits": "bogus"})
+
+
+@pytest.fixture
+def settings_checks(monkeypatch):
+    """Every call of config.check_settings, wherever an entry imported it from."""
+    from del_megatron import config
+    from del_megatron.automodel import loss as automodel_loss
+    from del_megatron.megatron import flags, hook
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return check_settings(*args, **kwargs)
+
+    for module in (config, flags, hook, automodel_loss):
+        monkeypatch.setattr(module, "check_settings", counting)
+    return calls
+
+
+def test_each_entry_checks_the_settings_once(settings_checks, monkeypatch):
+    """The flags (parsed by Megatron-LM's parser with ours, then the run's config), Bridge's and
+    NeMo's enable_numerical_loss, the API and AutoModel's YAML loss: one check_settings each."""
+    import argparse
+
+    from del_megatron.automodel.loss import NumericalLoss
+    from del_megatron.megatron import hook, lm
+
+    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py"])
+    ids = ["--del-digit-token-ids", *map(str, range(10))]
+    argv = ["--numerical-loss", "del", "--del-alpha", "0.3", *ids]
+    args = lm.add_arguments(argparse.ArgumentParser()).parse_args(argv)
+    args.tokenizer_type = "NullTokenizer"
+    cfg = lm.register_from_args(args, tokenizer=object())
+    try:
+        assert cfg.alpha == 0.3 and len(settings_checks) == 1
+    finally:
+        dm.megatron.unregister()
+    settings_checks.clear()
+    cfg = hook.config_of_arguments(None, dm.DigitVocab(range(10)), False, {"alpha": 0.3})
+    assert cfg.alpha == 0.3 and len(settings_checks) == 1
+    settings_checks.clear()
+    assert dm.NumericalLossConfig(alpha=0.3, vocab=VOCAB).alpha == 0.3
+    assert len(settings_checks) == 1
+    settings_checks.clear()
+    loss = NumericalLoss(alpha=0.3, digit_ids=range(10))
+    assert loss.cfg.alpha == 0.3 and len(settings_checks) == 1
+
+
+def test_a_keyword_given_to_enable_without_a_loss_is_the_forgotten_loss():
+    """enable_numerical_loss(loss=None, alpha=...): the forgotten loss, whatever the value
+    (alpha at its default too), worded as the keywords were given."""
+    from del_megatron.megatron import hook
+
+    vocab = dm.DigitVocab(range(10))
+    for given in ({"alpha": 0.1}, {"reduction": "digit", "alpha": 0.3}):
+        with pytest.raises(ValueError, match=r"set without loss, so the run trains stock"):
+            hook.config_of_arguments(None, vocab, False, {"loss": None, **given})
+    with pytest.raises(ValueError, match=r"^alpha set without loss.*add loss='del'"):
+        hook.config_of_arguments(None, vocab, False, {"loss": None, "alpha": 0.1})
+
+
+def test_the_term_weight_is_one_rule():
+    """token_weight for the token reduction and for ce; alpha x the scope's scale for the
+    digit reduction, which needs the scale."""
+    digit = dm.NumericalLossConfig(alpha=0.3, vocab=VOCAB)
+    assert digit.counts_digits and digit.term_weight(2.5) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="digit count"):
+        digit.term_weight()
+    token = dm.NumericalLossConfig(alpha=0.3, vocab=VOCAB, reduction="token", digit_share=0.5)
+    assert not token.counts_digits and token.term_weight() == pytest.approx(0.6)
+    assert dm.NumericalLossConfig(loss="ce").term_weight() == 0.0

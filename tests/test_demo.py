@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from del_megatron.cli import main
+from del_megatron.tools.cli import main
 
 
 def test_prepare_bad_input(tmp_path, capsys):
@@ -35,7 +35,7 @@ def test_prepare_bad_input(tmp_path, capsys):
 
 def test_failed_prepare_leaves_nothing_behind(tmp_path, monkeypatch):
     """A failure after the output folder was made (here: while tokenizing) removes it again."""
-    from del_megatron.demo import data
+    from del_megatron.tools.demo import data
 
     def fail(self, text):
         raise RuntimeError("tokenizing failed")
@@ -94,7 +94,7 @@ def test_bad_arguments_are_refused_before_anything_launches(tmp_path, capsys, ar
 
 
 def test_weights_and_learning_rates_of_zero_pass_where_zero_is_allowed(tmp_path):
-    from del_megatron.cli import parse_args
+    from del_megatron.tools.cli import parse_args
 
     out = str(tmp_path / "out")
     args = parse_args(["demo", "--out", out, "--alpha", "0", "--min-lr", "0"])
@@ -103,7 +103,7 @@ def test_weights_and_learning_rates_of_zero_pass_where_zero_is_allowed(tmp_path)
 
 
 def test_compare_takes_the_continued_schedule_and_arms_with_continue_from_base(tmp_path):
-    from del_megatron.cli import parse_args
+    from del_megatron.tools.cli import parse_args
 
     out = ["--out", str(tmp_path / "out")]
     scratch = parse_args(["compare", *out])
@@ -155,7 +155,7 @@ def test_compare_takes_the_continued_schedule_and_arms_with_continue_from_base(t
     ],
 )
 def test_train_config_made_in_python_checks_its_ranges(setting, error, message):
-    from del_megatron.demo.config import TrainConfig
+    from del_megatron.tools.demo.config import TrainConfig
 
     with pytest.raises(error) as refused:
         TrainConfig("", "", **setting)
@@ -163,7 +163,7 @@ def test_train_config_made_in_python_checks_its_ranges(setting, error, message):
 
 
 def test_train_config_takes_a_weight_of_zero_and_a_final_rate_of_zero():
-    from del_megatron.demo.config import TrainConfig
+    from del_megatron.tools.demo.config import TrainConfig
 
     cfg = TrainConfig("", "", alpha=0, min_lr=0)
     assert (cfg.alpha, cfg.min_lr) == (0.0, 0.0) and type(cfg.alpha) is float
@@ -186,9 +186,9 @@ def test_check_prints_the_flags_for_a_tokenizer(capsys):
 
 def test_help_imports_no_training_code():
     code = (
-        "import sys; from del_megatron.cli import main; main(['demo', '--help']); "
+        "import sys; from del_megatron.tools.cli import main; main(['demo', '--help']); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron' "
-        "or m.startswith(('del_megatron.demo.train', 'del_megatron.demo.data', "
+        "or m.startswith(('del_megatron.tools.demo.train', 'del_megatron.tools.demo.data', "
         "'del_megatron.megatron', 'torch.distributed.run'))))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -219,7 +219,7 @@ def test_prepare_with_a_jsonl_corpus_and_a_real_tokenizer(tmp_path):
 
 
 def test_every_flag_has_help_and_no_help_text_shows_a_doubled_percent(capsys):
-    from del_megatron.cli import build_parser
+    from del_megatron.tools.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -290,11 +290,11 @@ def test_one_default_alpha_story():
 
     import del_megatron as dm
     from del_megatron.config import DEFAULT_ALPHA
-    from del_megatron.demo.compare import PAPER_WEIGHTS
-    from del_megatron.demo.config import TrainConfig
     from del_megatron.megatron import bridge, nemo
     from del_megatron.megatron import flags as megatron_args
-    from del_megatron.preflight import SENTENCEPIECE, UNKNOWN
+    from del_megatron.tools.demo.compare import PAPER_WEIGHTS
+    from del_megatron.tools.demo.config import TrainConfig
+    from del_megatron.tools.preflight import SENTENCEPIECE, UNKNOWN
 
     assert TrainConfig("", "").alpha == SENTENCEPIECE.alpha == PAPER_WEIGHTS["del"] == 0.1
     parser = megatron_args.add_arguments(__import__("argparse").ArgumentParser())
@@ -306,7 +306,7 @@ def test_one_default_alpha_story():
 
 
 def test_curve_steps_and_subset_summaries_by_hand():
-    from del_megatron.demo.evaluate import Scores, curve_steps, log10_error, summarize
+    from del_megatron.tools.demo.evaluate import Scores, curve_steps, log10_error, summarize
 
     assert curve_steps(1500, 10) == [150, 300, 450, 600, 750, 900, 1050, 1200, 1350, 1500]
     assert curve_steps(3, 10) == [1, 2, 3] and curve_steps(100, 0) == []
@@ -338,7 +338,7 @@ def _digits_right_by_text(tok, targets, guesses):
 
 
 def test_digit_hits_count_the_digits_of_chunks_in_place():
-    from del_megatron.demo.evaluate import digit_hits
+    from del_megatron.tools.demo.evaluate import digit_hits
 
     texts = {5: "5", 7: "7", 20: "12", 30: "123", 31: "124", 40: "23"}
     # "123" guessed as "124": 2 of 3; as "12": 2 of 3; as "23": none in place; as a word: 0
@@ -356,11 +356,11 @@ def _padded_scoring_matches_one_problem_at_a_time(data_dir):
     import torch
 
     import del_megatron as dm
-    from del_megatron.demo import evaluate
-    from del_megatron.demo.config import TrainConfig
-    from del_megatron.demo.data import load_eval, tokenizer_path
-    from del_megatron.demo.text_tokenizer import TextTokenizer
-    from del_megatron.demo.train import _build_model
+    from del_megatron.tools.demo import evaluate
+    from del_megatron.tools.demo.config import TrainConfig
+    from del_megatron.tools.demo.data import load_eval, tokenizer_path
+    from del_megatron.tools.demo.text_tokenizer import TextTokenizer
+    from del_megatron.tools.demo.train import _build_model
 
     tok = TextTokenizer(tokenizer_path(data_dir))
     vocab = dm.DigitVocab.from_tokenizer(tok.inner)
@@ -394,7 +394,7 @@ def _padded_scoring_matches_one_problem_at_a_time(data_dir):
 
 @pytest.mark.parametrize("tokenizer", [None, "chunked"])
 def test_padded_scoring_matches_one_problem_at_a_time(gloo, tmp_path, tokenizer):
-    from del_megatron.demo.data import prepare
+    from del_megatron.tools.demo.data import prepare
 
     prepare(str(tmp_path / "data"), tokenizer=tokenizer, num_docs=300, num_eval=24, seed=5)
     gloo(2).run(_padded_scoring_matches_one_problem_at_a_time, str(tmp_path / "data"))
@@ -402,11 +402,11 @@ def test_padded_scoring_matches_one_problem_at_a_time(gloo, tmp_path, tokenizer)
 
 def test_prepare_chunked_trains_a_tokenizer_that_check_reads_as_chunking(tmp_path, capsys):
     import del_megatron as dm
-    from del_megatron.demo.compare import parse_arm
-    from del_megatron.demo.config import TrainConfig
-    from del_megatron.demo.data import tokenizer_path
-    from del_megatron.demo.text_tokenizer import TextTokenizer
-    from del_megatron.demo.train import _loss_config
+    from del_megatron.tools.demo.compare import parse_arm
+    from del_megatron.tools.demo.config import TrainConfig
+    from del_megatron.tools.demo.data import tokenizer_path
+    from del_megatron.tools.demo.text_tokenizer import TextTokenizer
+    from del_megatron.tools.demo.train import _loss_config
 
     data = tmp_path / "data"
     assert main(["prepare", "--out", str(data), "--tokenizer", "chunked", "--num-docs", "200"]) == 0
@@ -431,7 +431,7 @@ def test_prepare_chunked_trains_a_tokenizer_that_check_reads_as_chunking(tmp_pat
 def test_the_continued_corpus_replays_half_base_and_is_scored_on_shifted_problems():
     import re
 
-    from del_megatron.demo.corpus import BASE, CONTINUED, synthetic
+    from del_megatron.tools.demo.corpus import BASE, CONTINUED, synthetic
 
     def operands(p):
         match = re.match(r"Q: (\d+) [+-] (\d+) = $", p["prompt"])

@@ -1,4 +1,4 @@
-"""The digit distributions' shape metrics (del_megatron.demo.digit_shape) against plain-Python
+"""The digit distributions' shape metrics (del_megatron.tools.demo.digit_shape) against plain-Python
 sums over hand-built distributions, and the per-problem sums through the demo's scorer."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from del_megatron.demo import digit_shape
+from del_megatron.tools.demo import digit_shape
 
 # Two problems: the first with two digit targets, the second with one.
 PROBS = [
@@ -79,7 +79,7 @@ def test_a_subset_of_problems_is_the_sum_of_its_rows():
 
 def test_the_scorer_reads_the_ten_digit_logits_at_digit_targets_only():
     import del_megatron as dm
-    from del_megatron.demo.evaluate import digit_distributions
+    from del_megatron.tools.demo.evaluate import digit_distributions
 
     vocab = dm.DigitVocab(range(10, 20), decimal_point_ids=[20])
     # row 0: '7' then '.' (not a digit target) then unscored; row 1: '0'

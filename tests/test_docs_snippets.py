@@ -8,7 +8,14 @@ environment). README's Megatron-Bridge block runs in the Bridge layer
 import pytest
 import torch
 
-from .docs_snippets import DOCS, command_lines, python_blocks, substitute
+from .docs_snippets import (
+    DOCS,
+    command_lines,
+    docstring_examples,
+    example_commands,
+    python_blocks,
+    substitute,
+)
 from .sentencepiece_models import train_sentencepiece_models
 
 S = 16
@@ -72,7 +79,7 @@ def commands(program: str):
 
 
 def test_every_check_line_parses_and_runs(paths, capsys):
-    from del_megatron.cli import build_parser, main
+    from del_megatron.tools.cli import build_parser, main
 
     lines = commands("check")
     assert len(lines) >= 2
@@ -81,3 +88,61 @@ def test_every_check_line_parses_and_runs(paths, capsys):
         build_parser().parse_args(argv)
         assert main(argv) == 0, argv
     capsys.readouterr()
+
+
+# The weights an example may show: the default and the ones a paper's run applied (DEL 0.1,
+# 1.28, 2.56; NTL's 0.3), so that an example never teaches a stale unit (docs/DEL.md).
+EXAMPLE_WEIGHTS = {0.1, 0.3, 1.28, 2.56}
+
+
+def test_every_docstring_example_is_held(sentencepiece_model):
+    """Every command line or Python example in a docstring of the package: a module it runs
+    exists; del-megatron lines parse with its parser; a --numerical-loss line's flags pass
+    Megatron-LM's parser as our flags extend it (refusals included); a Python example's calls of
+    del_megatron bind to the real signatures, with settings NumericalLossConfig accepts and a
+    weight the docs teach."""
+    import argparse
+    import ast
+    import importlib
+    import importlib.util
+    import inspect
+
+    from del_megatron.config import check_settings
+    from del_megatron.megatron import lm
+    from del_megatron.tools.cli import build_parser
+
+    examples = docstring_examples()
+    kinds = {kind for _, kind, _ in examples}
+    assert kinds == {"command", "python"} and len(examples) >= 8, examples
+    for where, kind, block in examples:
+        if kind == "command":
+            for argv in example_commands(block):
+                if "-m" in argv:
+                    module = argv[argv.index("-m") + 1]
+                    assert importlib.util.find_spec(module) is not None, (where, module)
+                if argv[0] == "del-megatron":
+                    mine = {"tok.model": sentencepiece_model}
+                    build_parser().parse_args([mine.get(a, a) for a in argv[1:]])
+                if "--numerical-loss" in argv:
+                    flags = argv[argv.index("--numerical-loss") :]
+                    lm.add_arguments(argparse.ArgumentParser()).parse_args(flags)
+            continue
+        tree = ast.parse(block)
+        imported = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("del_megatron"):
+                module = importlib.import_module(node.module)
+                imported.update({a.asname or a.name: getattr(module, a.name) for a in node.names})
+        calls = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in imported
+        ]
+        assert imported and calls, (where, block)
+        for call in calls:
+            fn = imported[call.func.id]
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            inspect.signature(fn).bind(*[object()] * len(call.args), **kwargs)
+            settings = {k: v for k, v in kwargs.items() if k in ("loss", "alpha", "reduction")}
+            check_settings(**settings)
+            assert kwargs.get("alpha", 0.1) in EXAMPLE_WEIGHTS, (where, kwargs)

@@ -89,7 +89,9 @@ def test_numerical_lm_loss_on_fake_tensors(kernel, packing):
             digit_share=token_share(reduction),
             ignore_index=IGNORE,
         )
-        how = dict(kernel=kernel, inplace=inplace, cu_seqlens=cu_seqlens)
+        how = dict(
+            kernel=kernel, inplace=inplace, layout=dm.VocabParallelLayout(cu_seqlens=cu_seqlens)
+        )
         with mode, HostSyncs() as syncs:
             leaf = logits.clone().requires_grad_(True)
             # inplace needs a non-leaf (autograd refuses to overwrite a leaf's saved value)
@@ -130,7 +132,7 @@ def test_numerical_linear_loss_on_fake_tensors(route, masked):
                 w,
                 labels,
                 cfg,
-                cu_seqlens=cu,
+                dm.VocabParallelLayout(cu_seqlens=cu),
                 loss_mask=mask if masked else None,
                 weight_gradient=route,
                 chunk_tokens=20,

@@ -1,6 +1,7 @@
-"""The package's import graph: no cycle, counting every import wherever it stands (module
-level, inside a function, under `if TYPE_CHECKING:`), the math never imports the framework glue,
-and every module of the Megatron glue is on its package docstring's map.
+"""The package's import graph and its maps: no cycle, counting every import wherever it stands
+(module level, inside a function, under `if TYPE_CHECKING:`); each folder's imports within its
+rules (digits import digits; the loss imports no glue and no tools; the glue no tools); and every
+module on its folder's map, the folder's `__init__` docstring, and on docs/internals.md's.
 
 `python -m tests.test_imports` prints the graph (module-level imports; `~>` marks imports made
 inside a function, at call time; `?>` imports under TYPE_CHECKING)."""
@@ -8,6 +9,7 @@ inside a function, at call time; `?>` imports under TYPE_CHECKING)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,20 +17,17 @@ from typing import Dict, List, Set, Tuple
 
 PACKAGE = Path(__file__).resolve().parent.parent / "del_megatron"
 ROOT = "del_megatron"
-# The math and the vocab-parallel primitive: torch only, no Megatron glue, demo or CLI.
-MATH = (
-    "config",
-    "number_tokens",
-    "vocab",
-    "sequence",
-    "kernels",
-    "numbers",
-    "heads",
-    "reference",
-    "tokenizers",
-    "loss",
-)
-GLUE = ("megatron", "automodel", "cpu", "demo", "cli", "preflight")
+INTERNALS = PACKAGE.parent / "docs" / "internals.md"
+# A module's concept is its folder's; the top level (and kernels/) is the loss.
+GLUE = ("megatron", "automodel", "cpu")
+# What each concept may import, wherever the import stands; `device` (checks on the device) is
+# the one module of the loss that digits use.
+ALLOWED = {
+    "digits": {"digits", "device"},
+    "loss": {"loss", "digits", "device"},
+    "glue": {"glue", "loss", "digits", "device"},
+    "tools": {"tools", "glue", "loss", "digits", "device"},
+}
 
 
 def _modules(package: Path = PACKAGE) -> Dict[str, Path]:
@@ -152,34 +151,131 @@ def test_a_cycle_hidden_in_a_function_or_under_type_checking_is_found(tmp_path):
     assert find_cycle(every_import(package)) == [f"{ROOT}.high", f"{ROOT}.low", f"{ROOT}.high"]
 
 
-def test_math_imports_no_glue():
-    for module, targets in every_import().items():
-        if _top(module) in MATH:
-            for target in targets:
-                assert _top(target) not in GLUE, f"{module} imports {target}"
+def concept(module: str) -> str:
+    """digits, loss, glue, tools, or device, of a module's dotted name."""
+    first = _short(module).split(".")[0]
+    if first in ("digits", "tools", "device"):
+        return first
+    if first == "__main__":
+        return "tools"
+    return "glue" if first in GLUE else "loss"
 
 
-def test_each_megatron_glue_module_is_named_in_the_package_docstring():
-    """megatron/__init__'s docstring is the map a newcomer reads: every module is on it."""
-    import del_megatron.megatron as glue
+def rule_breaks(edges: Edges) -> List[str]:
+    """'module -> target' for every import outside its concept's ALLOWED."""
+    return [
+        f"{_short(m)} -> {_short(t)}"
+        for m, targets in sorted(edges.items())
+        for t in sorted(targets)
+        if concept(t) not in ALLOWED.get(concept(m), {concept(m)})
+    ]
 
-    prefix = f"{ROOT}.megatron."
-    names = sorted(m.removeprefix(prefix) for m in import_graph()[0] if m.startswith(prefix))
-    missing = [name for name in names if name not in glue.__doc__.replace(",", " ").split()]
-    assert len(names) >= 10 and not missing, f"not in megatron/__init__'s docstring: {missing}"
+
+def test_each_folder_imports_within_its_rules():
+    assert rule_breaks(every_import()) == []
+
+
+def test_an_import_against_the_rules_is_found_wherever_it_stands(tmp_path):
+    package = tmp_path / ROOT
+    for folder in ("digits", "megatron", "tools"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "loss.py").write_text("def f():\n    from .megatron import hook\n")
+    (package / "megatron" / "hook.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tools import cli\n"
+    )
+    (package / "tools" / "cli.py").write_text("from ..loss import f\n")
+    (package / "digits" / "vocab.py").write_text("from .. import loss\n")
+    assert rule_breaks(every_import(package)) == [
+        "digits.vocab -> loss",
+        "loss -> megatron.hook",
+        "megatron.hook -> tools.cli",
+    ]
+
+
+def folders(package: Path = PACKAGE) -> Dict[str, List[str]]:
+    """{folder (a package, relative, '' for the top): the names its map must hold, its modules
+    and sub-folders}."""
+    out: Dict[str, List[str]] = {}
+    for init in sorted(package.rglob("__init__.py")):
+        folder = init.parent
+        names = [p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")]
+        names += [p.name + "/" for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"]
+        out[folder.relative_to(package).as_posix().replace(".", "")] = sorted(names)
+    return out
+
+
+def off_the_docstring_maps(package: Path = PACKAGE) -> List[str]:
+    """'folder: name' for every module or sub-folder its folder's __init__ docstring leaves out."""
+    missing = []
+    for folder, names in folders(package).items():
+        init = package / folder / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        words = set(re.findall(r"[A-Za-z_]\w*/?", doc))
+        missing += [
+            f"{folder or ROOT}: {n}" for n in names if n not in words and n.rstrip("/") not in words
+        ]
+    return missing
+
+
+def internals_map(text: str) -> Dict[str, List[str]]:
+    """{folder: the backticked names of its entry} of docs/internals.md's map: entries
+    "- `del_megatron/`: ..." or "- `kernels/`: ...", each with its indented lines; what a module
+    does, in parentheses, is not a name."""
+    entries: Dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        head = re.match(r"- `([\w/]+/)`: (.*)", line)
+        if head:
+            current = "" if head.group(1) == f"{ROOT}/" else head.group(1).rstrip("/")
+            entries[current] = head.group(2)
+        elif current is not None and line.startswith("  "):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    out = {}
+    for folder, body in entries.items():
+        while True:  # innermost parentheses first
+            stripped = re.sub(r"\([^()]*\)", "", body)
+            if stripped == body:
+                break
+            body = stripped
+        out[folder] = re.findall(r"`(\w+/?)`", body)
+    return out
+
+
+def test_every_module_is_on_its_folders_map_and_on_the_internals_map():
+    assert off_the_docstring_maps() == []
+    documented = internals_map(INTERNALS.read_text())
+    for folder, names in folders().items():
+        assert sorted(documented.get(folder, [])) == names, folder or ROOT
+
+
+def test_a_module_missing_from_a_map_is_found(tmp_path):
+    package = tmp_path / ROOT
+    (package / "digits").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""Folders: digits/."""\n')
+    (package / "digits" / "__init__.py").write_text('"""Modules: vocab."""\n')
+    (package / "digits" / "vocab.py").write_text("")
+    (package / "digits" / "slots.py").write_text("")
+    assert off_the_docstring_maps(package) == ["digits: slots"]
+    text = "- `del_megatron/`: `digits/`.\n- `digits/`: `vocab` (the ids).\n"
+    assert internals_map(text) == {"": ["digits/"], "digits": ["vocab"]}
+    assert folders(package)["digits"] != internals_map(text)["digits"]
 
 
 def test_tokenizers_import_nothing_of_the_vocab():
     edges = every_import()
-    assert f"{ROOT}.tokenizers" in edges[f"{ROOT}.vocab"]
-    assert not edges[f"{ROOT}.tokenizers"] & {f"{ROOT}.vocab"}
+    assert f"{ROOT}.digits.tokenizers" in edges[f"{ROOT}.digits.vocab"]
+    assert not edges[f"{ROOT}.digits.tokenizers"] & {f"{ROOT}.digits.vocab"}
 
 
 def test_importing_the_package_loads_no_glue():
     code = (
         "import sys, del_megatron; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron' "
-        "or m.startswith(('del_megatron.megatron', 'del_megatron.demo', 'del_megatron.cli'))))"
+        "or m.startswith(('del_megatron.megatron', 'del_megatron.tools'))))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
@@ -195,6 +291,20 @@ def main() -> None:
         print(line + (f"   ~> {later}" if later else "") + (f"   ?> {typed}" if typed else ""))
     cycle = find_cycle(every_import())
     print("cycle: " + (" -> ".join(map(_short, cycle)) if cycle else "none"))
+
+
+def test_bridge_and_nemo_glue_import_nothing_of_megatron_lms():
+    """Megatron-Bridge's and NeMo's glue reach the step accounting through accounting.py, not
+    through the Megatron-LM module (lm.py), at any depth."""
+    edges = every_import()
+    for framework in ("bridge", "nemo"):
+        seen, todo = set(), [f"{ROOT}.megatron.{framework}"]
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo.extend(edges.get(module, ()))
+        assert f"{ROOT}.megatron.lm" not in seen, framework
 
 
 if __name__ == "__main__":

@@ -438,3 +438,34 @@ def test_a_device_failure_inside_a_compiled_pass_is_not_taken_for_a_compile_fail
         dm.numerical_lm_loss(labels, logits, cfg, kernel="compiled")
     assert not recompute._COMPILE_FAILED and not eager_rows
     assert _fallback_logged(caplog) == 0
+
+
+def test_the_parallel_layout_is_one_object_and_the_loose_keywords_still_work_with_a_warning():
+    """VocabParallelLayout carries the split (here packed documents); 0.1's loose keywords give
+    the same loss with one FutureWarning naming the object to pass; both at once, or a keyword
+    the function does not take, are refused."""
+    from del_megatron.layout import layout_of
+
+    labels = torch.tensor([[SPLIT_VOCAB.digit_ids[k % 10] for k in range(12)]])  # one number
+    logits = logits_for(12, 1, 64, seed=3)
+    cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, ignore_index=IGNORE)
+    cu = torch.tensor([0, 5, 12])
+    layout = dm.VocabParallelLayout(cu_seqlens=cu)
+    want = dm.numerical_lm_loss(labels, logits, cfg, layout)
+    whole = dm.numerical_lm_loss(labels, logits, cfg)
+    assert not torch.equal(want, whole)  # teeth: the document start splits a number
+    with pytest.warns(FutureWarning, match=r"numerical_lm_loss\(cu_seqlens=\) is deprecated"):
+        loose = dm.numerical_lm_loss(labels, logits, cfg, cu_seqlens=cu)
+    torch.testing.assert_close(loose, want, rtol=0, atol=0)
+    with pytest.warns(FutureWarning, match=r"loss_parts\(cu_seqlens=\)"):
+        parts = dm.loss_parts(labels, logits, cfg, cu_seqlens=cu)
+    torch.testing.assert_close(parts.term, dm.loss_parts(labels, logits, cfg, layout).term)
+    with pytest.raises(TypeError, match="give the layout only"):
+        dm.numerical_lm_loss(labels, logits, cfg, layout, cu_seqlens=cu)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sequence_parallel'"):
+        dm.numerical_lm_loss(labels, logits, cfg, sequence_parallel=True)
+    group = object()  # the old positional tp_group
+    with pytest.warns(FutureWarning, match=r"f\(tp_group=\)"):
+        assert layout_of("f", group, {}).tp_group is group
+    with pytest.raises(ValueError, match="cp_balancing must be one of"):
+        dm.VocabParallelLayout(cp_balancing="documents")

@@ -80,7 +80,7 @@ def test_check_reads_gpt2_files_as_gpt2_reads_them(tmp_path, capsys):
     check's reading of the same files encodes as transformers' GPT2TokenizerFast."""
     from transformers import GPT2TokenizerFast
 
-    from del_megatron.tokenizers import load_gpt2_bpe
+    from del_megatron.digits.tokenizers import load_gpt2_bpe
 
     from .test_tokenizers import gpt2_bpe_files
 

@@ -64,7 +64,7 @@ def one_rank():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -92,10 +92,10 @@ def test_citation_repeats_the_version():
 
 
 def test_console_script():
-    assert PROJECT["scripts"] == {"del-megatron": "del_megatron.cli:main"}
-    import del_megatron.cli
+    assert PROJECT["scripts"] == {"del-megatron": "del_megatron.tools.cli:main"}
+    import del_megatron.tools.cli
 
-    assert callable(del_megatron.cli.main)
+    assert callable(del_megatron.tools.cli.main)
 
 
 def test_requires_python_is_what_ci_runs():

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import del_megatron as dm
-from del_megatron.numbers import dist2_weights, number_layout
+from del_megatron.digits.numbers import dist2_weights, number_layout
 from del_megatron.reference import reference_place_weights
 
 # Token ids of a toy tokenizer: digits 0..9 are ids 20..29, '.' is 7 (and 8, a second '.' id).

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from del_megatron import ports
+from del_megatron.cpu import ports
 
 
 def test_ephemeral_range_reads_the_kernel_file_and_falls_back(tmp_path):

@@ -5,8 +5,8 @@ import argparse
 import pytest
 
 from del_megatron import megatron as dmm
-from del_megatron.preflight import check_tokenizer, report
-from del_megatron.tokenizers import load_gpt2_bpe
+from del_megatron.digits.tokenizers import load_gpt2_bpe
+from del_megatron.tools.preflight import check_tokenizer, report
 
 from .sentencepiece_models import train_sentencepiece_models
 from .test_megatron_glue import digit_grouping_bpe
@@ -91,8 +91,8 @@ def test_the_family_decides_the_weight_the_papers_run_applied(sentencepiece_file
     Mistral runs applied; Qwen (its qwen.tiktoken, or a byte-level tokenizer.json with Qwen's
     chat markers): 1.28; DeepSeek (its BOS, one digit a token): 2.56; chunking, tekken and other
     tokenizers: --del-alpha's default, 0.1. Each line says what the script wrote."""
-    from del_megatron import preflight as pf
     from del_megatron.config import DEFAULT_ALPHA
+    from del_megatron.tools import preflight as pf
 
     from .test_tokenizers import DEEPSEEK_TOKENIZER, MISTRAL_DATA, QWEN_TIKTOKEN
 

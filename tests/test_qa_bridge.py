@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from del_megatron.qa.answers import COMPUTED, COPIED, digit_classes
-from del_megatron.qa.data import SEPARATOR, read_problems
+from del_megatron.tools.qa.answers import COMPUTED, COPIED, RESTATED, digit_classes
+from del_megatron.tools.qa.data import SEPARATOR, read_problems
 
 from .gguf_models import write_tiny_llama
 
@@ -35,7 +35,7 @@ TEST = [
 
 def cli(*args: str, cwd: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "del_megatron.cli", *args],
+        [sys.executable, "-W", "ignore", "-m", "del_megatron.tools.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -112,7 +112,10 @@ def test_scores_count_every_answer_digit_and_match_an_unbatched_recomputation(sw
     run = results[f"del@{ALPHA:g}"]["1"]
     # every digit of an answer is a token of its own here, and a digit target
     assert run["digit_targets_all"] == len(classes) == 36
-    assert run["digit_targets_computed"] == classes.count(COMPUTED) == 12
+    # each answer's annotation result is new (computed); the number after >> and the #### N
+    # restate it
+    assert run["digit_targets_computed"] == classes.count(COMPUTED) == 6
+    assert run["digit_targets_restated"] == classes.count(RESTATED) == 12
     assert run["digit_targets_copied"] == classes.count(COPIED) == 18
     assert results["base"]["0"]["digit_targets_all"] == 36
 

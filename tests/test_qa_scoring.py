@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from del_megatron.qa import analysis, report
-from del_megatron.qa.answers import (
+from del_megatron.tools.qa import analysis, report
+from del_megatron.tools.qa.answers import (
     COMPUTED,
     COPIED,
     OTHER,
@@ -16,7 +16,7 @@ from del_megatron.qa.answers import (
     digit_classes,
     final_answer,
 )
-from del_megatron.qa.data import Problem, read_problems, write_finetuning_root
+from del_megatron.tools.qa.data import Problem, read_problems, write_finetuning_root
 
 QUESTION = "Natalia sold clips to 48 of her friends in April, and then half as many in May."
 ANSWER = (
@@ -192,8 +192,8 @@ def test_training_record_counts_a_resumed_iteration_once(tmp_path):
 
 
 def test_two_sweeps_share_runs_by_claims(tmp_path):
-    from del_megatron.qa.finetune import Schedule
-    from del_megatron.qa.sweep import CLAIM, Sweep
+    from del_megatron.tools.qa.finetune import Schedule
+    from del_megatron.tools.qa.sweep import CLAIM, Sweep
 
     sweep = Sweep(str(tmp_path), "model", "train", "test", Schedule(1, 1, 1, 1e-5, 0, 8), 1, 1)
     folder = str(tmp_path / "seed-1" / "ce")
@@ -221,8 +221,8 @@ def test_accuracy_difference_with_problems_as_units():
 def test_a_failed_stage_names_its_log(tmp_path):
     import sys
 
-    from del_megatron.qa.finetune import Schedule
-    from del_megatron.qa.sweep import Sweep
+    from del_megatron.tools.qa.finetune import Schedule
+    from del_megatron.tools.qa.sweep import Sweep
 
     sweep = Sweep(str(tmp_path), "model", "train", "test", Schedule(1, 1, 1, 1e-5, 0, 8), 1, 1)
     log = tmp_path / "seed-1" / "del" / "train.log"
@@ -328,9 +328,10 @@ def test_published_results_keep_every_problems_counts(tmp_path):
     }
     text = report.write(str(tmp_path), results, [1, 2])
     published = json.load(open(tmp_path / "results.json"))
+    counts = json.load(open(tmp_path / report.PROBLEM_COUNTS))
     for arm, runs in results.items():
         for s, run in runs.items():
-            kept = published["per_problem"][arm][str(s)]["computed"]
+            kept = counts[arm][str(s)]["computed"]
             assert kept == [[r["computed_count"], r["computed_correct"]] for r in run["problems"]]
     assert set(published["comparisons"]) == {
         "digit_ce@0.38 vs ce",

@@ -1,4 +1,4 @@
-"""del_megatron.quick_exit: a CPU job's processes freeze the garbage collector at exit, and keep
+"""del_megatron.cpu.quick_exit: a CPU job's processes freeze the garbage collector at exit, and keep
 their exit status and what they print."""
 
 import subprocess
@@ -18,7 +18,7 @@ REPORT = (
 def test_the_last_collections_skip_what_was_alive_and_the_status_is_kept(skip):
     body = REPORT
     if skip:
-        body += "from del_megatron.quick_exit import skip_final_collections\n"
+        body += "from del_megatron.cpu.quick_exit import skip_final_collections\n"
         body += "skip_final_collections(); skip_final_collections()\n"
     body += "print('body done', gc.get_freeze_count(), len(gc.get_objects())); sys.exit(3)\n"
     done = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True)
@@ -34,7 +34,7 @@ def test_the_last_collections_skip_what_was_alive_and_the_status_is_kept(skip):
 
 
 def test_every_process_of_a_cpu_job_registers_it():
-    body = "import del_megatron.quick_exit as q; print(q._registered)"
+    body = "import del_megatron.cpu.quick_exit as q; print(q._registered)"
     env = job_environment({"PATH": "/usr/bin:/bin"})
     done = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr

@@ -38,7 +38,9 @@ def test_packed_documents_weigh_as_one_by_one(separated):
     full = logits_for(packed.size(1), 1, PADDED_VOCAB_SIZE, 5)
     for loss in ("del", "dist2", "ntl_was"):
         cfg = dm.NumericalLossConfig(loss=loss, alpha=0.3, vocab=SPLIT_VOCAB, **TOKEN_FORM)
-        parts = dm.numerical_lm_loss(packed, full, cfg, return_parts=True, cu_seqlens=cu_seqlens)
+        parts = dm.numerical_lm_loss(
+            packed, full, cfg, dm.VocabParallelLayout(cu_seqlens=cu_seqlens), return_parts=True
+        )
         assert_pieces_equal(parts, documents_one_by_one(docs, full, cfg))
     weights = dm.place_weights(packed, SPLIT_VOCAB)
     one_by_one = torch.cat([dm.place_weights(d, SPLIT_VOCAB) for d in docs], dim=1)
@@ -66,7 +68,10 @@ def test_bad_packing_is_refused(kwargs, match):
     cfg = dm.NumericalLossConfig(vocab=SPLIT_VOCAB, **TOKEN_FORM)
     with pytest.raises(ValueError, match=match):
         dm.numerical_lm_loss(
-            torch.zeros(1, 6, dtype=torch.long), torch.randn(6, 1, 64), cfg, **kwargs
+            torch.zeros(1, 6, dtype=torch.long),
+            torch.randn(6, 1, 64),
+            cfg,
+            dm.VocabParallelLayout(**kwargs),
         )
 
 
@@ -77,7 +82,7 @@ def test_cu_seqlens_needs_one_packed_row():
             torch.zeros(2, 6, dtype=torch.long),
             torch.randn(6, 2, 64),
             cfg,
-            cu_seqlens=torch.tensor([0, 6]),
+            dm.VocabParallelLayout(cu_seqlens=torch.tensor([0, 6])),
         )
 
 

@@ -9,14 +9,14 @@ from typing import Tuple
 import pytest
 
 import del_megatron as dm
-from del_megatron.demo.text_tokenizer import LLAMA3_PATTERN
-from del_megatron.tokenizers import (
+from del_megatron.digits.tokenizers import (
     MultiDigitTokens,
     load_gpt2_bpe,
     load_tokenizer,
     spaced_digit_tokens,
 )
-from del_megatron.vocab import NUM_MULTI_DIGIT, multi_digit_text
+from del_megatron.digits.vocab import NUM_MULTI_DIGIT, multi_digit_text
+from del_megatron.tools.demo.text_tokenizer import LLAMA3_PATTERN
 
 MISTRAL_DATA = Path(importlib.util.find_spec("mistral_common").origin).parent / "data"
 QWEN_TIKTOKEN = (

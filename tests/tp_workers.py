@@ -54,7 +54,11 @@ def _ours(labels, full_logits, loss, dtype, kernel, chunk_tokens=None):
     cfg = dm.NumericalLossConfig(
         loss=loss, alpha=ALPHA, vocab=SPLIT_VOCAB, ignore_index=IGNORE, **TOKEN_FORM
     )
-    how = dict(tp_group=dist.group.WORLD, kernel=kernel, chunk_tokens=chunk_tokens)
+    how = dict(
+        layout=dm.VocabParallelLayout(tp_group=dist.group.WORLD),
+        kernel=kernel,
+        chunk_tokens=chunk_tokens,
+    )
     parts = dm.numerical_lm_loss(labels, shard, cfg, return_parts=True, **how)
     total = dm.numerical_lm_loss(labels, shard, cfg, **how)
     (total * _upstream(labels).to(total.dtype)).sum().backward()

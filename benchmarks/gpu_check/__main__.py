@@ -8,7 +8,7 @@ if not __package__:  # run as a directory: the repository root, not this folder,
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from benchmarks.gpu_check.cli import main  # noqa: E402
-from del_megatron.quick_exit import skip_final_collections  # noqa: E402
+from del_megatron.cpu.quick_exit import skip_final_collections  # noqa: E402
 
 if __name__ == "__main__":
     skip_final_collections()

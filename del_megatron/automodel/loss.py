@@ -23,9 +23,10 @@ import torch.distributed as dist
 
 from ..config import API_NAMES, NumericalLossConfig, check_settings
 from ..digit_stats import digit_stats
+from ..digits.numbers import number_layout
+from ..digits.vocab import DigitVocab
+from ..layout import VocabParallelLayout
 from ..loss import digit_term_scale, loss_parts
-from ..numbers import number_layout
-from ..vocab import DigitVocab
 
 NO_STEP_COUNT = (
     "del_megatron: reduction 'digit' weighs the term's mean over the step's digit targets, and "
@@ -97,12 +98,8 @@ class NumericalLoss:
         allow_multi_digit_tokens: bool = False,
         ignore_index: int = -100,
     ) -> None:
-        self.settings: Dict[str, Any] = dict(
-            loss=numerical_loss, alpha=alpha, reduction=reduction, digit_share=digit_share
-        )
-        if slot_logits is not None:
-            self.settings["slot_logits"] = slot_logits
-        check_settings(**self.settings)  # a bad YAML stops the recipe before the model exists
+        # the one check of the YAML's settings: a bad one stops the recipe before the model exists
+        self.settings = check_settings(numerical_loss, alpha, reduction, digit_share, slot_logits)
         self.slot_rule, self.allow_multi_digit_tokens = slot_logits, allow_multi_digit_tokens
         self.ignore_index = ignore_index
         self.given = None
@@ -129,9 +126,7 @@ class NumericalLoss:
                 allow_multi_digit_tokens=self.allow_multi_digit_tokens,
                 slot_rule=self.slot_rule,
             )
-            self.cfg = NumericalLossConfig(
-                vocab=vocab, ignore_index=self.ignore_index, **self.settings
-            )
+            self.cfg = NumericalLossConfig.of(self.settings, vocab, self.ignore_index)
         return self.cfg
 
     def _config(self) -> NumericalLossConfig:
@@ -206,7 +201,8 @@ class NumericalLoss:
                 "(a tensor-parallel plan with use_local_output=True for lm_head). Keep lm_head's "
                 "output a DTensor sharded on the vocabulary (use_local_output=False)"
             )
-        parts = loss_parts(labels, shard.transpose(0, 1), cfg, tp_group)
+        layout = VocabParallelLayout(tp_group=tp_group)
+        parts = loss_parts(labels, shard.transpose(0, 1), cfg, layout)
         target = (labels != cfg.ignore_index).to(parts.ce.dtype)
         ce, term = (parts.ce * target).sum(), (parts.term * target).sum()
         stats = digit_stats(target, parts)
@@ -225,14 +221,14 @@ class NumericalLoss:
         batch_tokens: torch.Tensor,
         num_label_tokens: Optional[int],
     ) -> Any:
-        if cfg.loss == "ce" or cfg.reduction == "token":
-            return cfg.token_weight
+        if not cfg.counts_digits:
+            return cfg.term_weight()
         if num_label_tokens is None:  # validation: this batch's own mean over digit targets
-            return cfg.alpha * digit_term_scale(batch_tokens, batch_digits)
+            return cfg.term_weight(digit_term_scale(batch_tokens, batch_digits))
         if self._step_digits is None:
             raise RuntimeError(NO_STEP_COUNT)
         digits = self._step_digits.to(batch_digits.device, batch_digits.dtype)
-        return cfg.alpha * digit_term_scale(num_label_tokens, digits)
+        return cfg.term_weight(digit_term_scale(num_label_tokens, digits))
 
     def _add(self, ce, term, stats, tokens) -> None:
         these = torch.stack(

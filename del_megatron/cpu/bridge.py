@@ -158,7 +158,7 @@ def init_single_process(seed: int = 1234) -> None:
     tracker seeded, for a conversion (AutoBridge would start NCCL itself)."""
     import torch.distributed as dist
 
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     from . import core
 

@@ -41,8 +41,8 @@ from typing import Callable, Dict, Iterator, List, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..quick_exit import skip_final_collections
 from . import core, rendezvous
+from .quick_exit import skip_final_collections
 
 ENV_SWITCH = "DEL_MEGATRON_CPU"
 TRAINING_MODULE = "megatron.training.training"

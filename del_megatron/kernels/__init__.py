@@ -4,8 +4,9 @@ vocab's slot logits) in one pass.
 Every kernel computes, from a [N, V/tp] logits shard (rank r holds ids [r * V/tp, (r+1) * V/tp);
 the linear kernel multiplies the shard out of hidden [N, h] and weight [V/tp, h] chunk by chunk),
 ce [N] and the raw digit logits [N, W] (W = 10; for a chunking vocab the slot logits, W = 30,
-formed from each rank's partial sums: slot_columns.py; the two kinds of number columns are one
-NumberColumns protocol, number_columns.py), with the same two collectives
+formed from each rank's partial sums: slot_columns.py; the two kinds of number columns, the ten
+digits' (digit_columns.py) and the slots', are one NumberColumns protocol, number_columns.py),
+with the same two collectives
 (common.py): one MAX all-reduce (with the shard-size check) and one SUM all-reduce of
 [N, 2 + W]. Backward needs none
 (the linear kernel adds Megatron's SUM of grad_hidden). Each kernel is one autograd Function,
@@ -30,7 +31,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..vocab import DigitVocab
+from ..digits.vocab import DigitVocab
 from . import linear, recompute
 from .common import (
     KernelPlan,

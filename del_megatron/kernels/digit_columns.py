@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..device import int_tensor, on_device
-from ..vocab import NUM_DIGITS, DigitVocab
+from ..digits.vocab import NUM_DIGITS, DigitVocab
 from .common import VocabShard
 
 

@@ -18,9 +18,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import slots
 from ..device import int_tensor, on_device
-from ..vocab import DigitVocab
+from ..digits import slots
+from ..digits.vocab import DigitVocab
 from .common import VocabShard
 
 # Layout positions: 1,110 (slots.ROW a first digit).

@@ -31,9 +31,9 @@ import torch.distributed as dist
 
 from ..config import NumericalLossConfig
 from ..device import check_on_device
+from ..digits.numbers import number_layout
+from ..digits.vocab import DigitVocab
 from ..loss import digit_term_scale
-from ..numbers import number_layout
-from ..vocab import DigitVocab
 from . import groups
 from . import registration as reg
 
@@ -310,3 +310,68 @@ class ShareWatch:
                 self.alpha,
                 self.measured,
             )
+
+
+def _evaluating(model: Any) -> bool:
+    inner = groups.unwrapped_model(model)
+    return isinstance(inner, torch.nn.Module) and not inner.training
+
+
+def _current_accounting(registration: reg.Registration, model: Any) -> Optional[DigitAccounting]:
+    """The registration's step accounting, made on first use and made again when the model's
+    process groups are no longer the ones it holds (an in-process restart destroys and remakes
+    them; the iterators counted with the old ones are forgotten)."""
+    if registration.make_accounting is None:
+        return registration.accounting
+    current = groups.process_groups(model)
+    held = registration.accounting_groups
+    same = len(held) == len(current) and all(a is b for a, b in zip(held, current, strict=True))
+    if registration.accounting is None or not same:
+        registration.accounting = registration.make_accounting(model)
+        registration.accounting_groups = current
+        registration.counted.clear()
+        registration.produced.clear()
+    return registration.accounting
+
+
+def counted(
+    data_iterator: Optional[Iterator],
+    model: Any = None,
+    eval_microbatches: Union[None, int, Callable[[], int]] = None,
+) -> Optional[Iterator]:
+    """forward_step's data iterator, counted a step at a time when a step-wide "digit"
+    reduction is registered (one wrapper per iterator, for every micro-batch of the step; an
+    evaluation iterator by the evaluation step's micro-batch count); unchanged otherwise. The
+    accounting is made on the first call (all ranks, with or without an iterator:
+    tensor-parallel ranks without data receive the counts), and checked against the model's
+    process groups when an iterator or a model is new, not on every micro-batch.
+    eval_microbatches: an evaluation step's micro-batch count (an int or a function), when the
+    accounting does not know it (Bridge's is in its state). An iterator this function returned
+    comes back unchanged, so stacked calls (the drop-in over a patched pretrain_gpt.py) count a
+    step once."""
+    registration = reg.current()
+    if registration is None:
+        return data_iterator
+    if data_iterator is not None and registration.produced.get(id(data_iterator)) is data_iterator:
+        # Already counted: the drop-in's forward_step wrapper around a patched forward_step.
+        return data_iterator
+    key = id(data_iterator)
+    known = registration.counted.get(key)
+    new_iterator = data_iterator is not None and (known is None or known[0] is not data_iterator)
+    new_model = registration.counted_models.get(id(model)) is not model
+    if new_iterator or new_model or registration.accounting is None:
+        registration.counted_models[id(model)] = model
+        accounting = _current_accounting(registration, model)
+        known = registration.counted.get(key)
+    else:
+        accounting = registration.accounting
+    if accounting is None or data_iterator is None:
+        return data_iterator
+    if known is None or known[0] is not data_iterator:
+        microbatches = None
+        if _evaluating(model):
+            microbatches = eval_microbatches or getattr(accounting, "eval_microbatches", None)
+        known = (data_iterator, accounting.wrap(data_iterator, microbatches))
+        registration.counted[key] = known
+        registration.produced[id(known[1])] = known[1]
+    return known[1]

@@ -31,13 +31,12 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch.distributed as dist
 
 from ..config import NumericalLossConfig, field_of
-from ..vocab import DigitVocab
+from ..digits.vocab import DigitVocab
 from . import accounting
 from . import registration as reg
-from .accounting import DigitAccounting
+from .accounting import DigitAccounting, counted
 from .groups import process_groups, unwrapped_model
 from .hook import config_of_arguments, enable
-from .lm import counted
 from .logits_free import weight_gradient_of
 from .loss_func import WRAPPED, apply_to_loss
 from .refusals import check_hybrid_context_parallel, check_logits_free

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from ..config import Names
-from ..vocab import DigitVocab
+from ..digits.vocab import DigitVocab
 from . import registration as reg
 
 SINGLE_DIGITS_OF_CHUNKS = (

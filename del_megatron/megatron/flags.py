@@ -6,7 +6,8 @@ ids are resolved from the run's tokenizer by digit_ids.py."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Optional
+import weakref
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..config import (
     DEFAULT_ALPHA,
@@ -17,13 +18,15 @@ from ..config import (
     REDUCTIONS,
     SCALAR_SETTINGS,
     NumericalLossConfig,
+    Settings,
+    check_loss_given,
     check_settings,
     field_of,
     unused_weight_settings,
 )
+from ..digits.slots import RULES
+from ..digits.vocab import DigitVocab
 from ..kernels.linear import DEFAULT_WEIGHT_GRADIENT, WEIGHT_GRADIENTS
-from ..slots import RULES
-from ..vocab import DigitVocab
 from . import registration as reg
 from .digit_ids import resolve_vocab
 
@@ -234,18 +237,9 @@ def _set_del_flags(args: Any) -> dict:
 
 def check_flags_need_a_loss(args: Any) -> None:
     """Refuse --del-* flags without --numerical-loss (the forgotten flag: the run would train
-    stock CE in silence). --numerical-loss ce, the control arm of an A/B, accepts them
-    (say_unused_weight_flags says which it does not read)."""
-    if getattr(args, "numerical_loss", None) is not None:
-        return
-    set_flags = _set_del_flags(args)
-    if set_flags:
-        others = ", ".join(loss for loss in LOSSES if loss not in ("ce", "del"))
-        raise ValueError(
-            f"{', '.join(set_flags)} set without --numerical-loss, so the run trains stock "
-            f"cross-entropy and reads none of them: add --numerical-loss del (or {others}; ce "
-            "for the control arm of an A/B), or drop them"
-        )
+    stock CE in silence; config.check_loss_given). --numerical-loss ce, the control arm of an
+    A/B, accepts them (say_unused_weight_flags says which it does not read)."""
+    check_loss_given(getattr(args, "numerical_loss", None), _set_del_flags(args), FLAG_NAMES)
 
 
 def say_unused_weight_flags(args: Any) -> None:
@@ -265,22 +259,49 @@ def _settings(args: Any) -> dict:
     return {setting: value for setting, value in given.items() if value is not None}
 
 
-def check_flags(args: Any) -> None:
+# Each parsed namespace's flags as check_flags found them, by the namespace's identity (argparse
+# namespaces compare by value and do not hash): (a weak reference to it, its --del-* values, the
+# Settings), so that the route from the command line to the loss checks them once.
+_CHECKED: Dict[int, Tuple[Any, tuple, Settings]] = {}
+
+
+def _flag_values(args: Any) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in vars(args).items() if k.startswith("del_")))
+
+
+def check_flags(args: Any) -> Settings:
     """The refusals the DEL flags decide alone, in the flags' words (Megatron-LM runs them as it
-    parses the command line): a forgotten --numerical-loss, config.check_settings (the weight,
-    the reduction and its share), and slot flags that contradict each other."""
+    parses the command line: lm.add_arguments): a forgotten --numerical-loss, the settings'
+    one check (config.check_settings: the weight, the reduction and its share), and slot flags
+    that contradict each other. Returns the Settings, kept for the namespace (checked)."""
     check_flags_need_a_loss(args)
-    check_settings(**_settings(args), names=FLAG_NAMES)
+    settings = check_settings(**_settings(args), names=FLAG_NAMES)
     _slot_rule(args)
+    key = id(args)
+    try:
+        ref = weakref.ref(args, lambda _: _CHECKED.pop(key, None))
+    except TypeError:  # no weak references: checked again next time
+        return settings
+    _CHECKED[key] = (ref, _flag_values(args), settings)
+    return settings
+
+
+def checked(args: Any) -> Settings:
+    """The Settings of a namespace's flags: those check_flags found when the parser parsed it
+    (the flags unchanged since), else check_flags now."""
+    known = _CHECKED.get(id(args))
+    if known is not None and known[0]() is args and known[1] == _flag_values(args):
+        return known[2]
+    return check_flags(args)
 
 
 def config_from_args(args: Any, tokenizer: Any = None) -> NumericalLossConfig:
     """NumericalLossConfig from parsed Megatron-LM args and the run's tokenizer. Call before
-    training starts: a tokenizer without single-digit tokens stops the run here."""
-    check_flags_need_a_loss(args)
-    settings = _settings(args)
+    training starts: a tokenizer without single-digit tokens stops the run here. The flags
+    are checked once (checked); the vocab read from the tokenizer is checked here."""
+    settings = checked(args)
     vocab = digit_vocab_from_args(args, tokenizer)
     vocab_size = getattr(args, "padded_vocab_size", None)
     if vocab is not None and vocab_size is not None:
         vocab.check_vocab_size(vocab_size)
-    return NumericalLossConfig(vocab=vocab, names=FLAG_NAMES, **settings)
+    return NumericalLossConfig.of(settings, vocab)

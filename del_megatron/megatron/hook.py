@@ -28,13 +28,15 @@ from ..config import (
     API_NAMES,
     SCALAR_SETTINGS,
     NumericalLossConfig,
+    check_loss_given,
     check_settings,
     unused_weight_settings,
 )
+from ..digits.vocab import DigitVocab
 from ..kernels.linear import resolve_weight_gradient, weight_gradient_into
+from ..layout import VocabParallelLayout
 from ..loss import LossParts, loss_parts, numerical_linear_loss
 from ..sequence import check_balancing
-from ..vocab import DigitVocab
 from . import capture, groups, loss_func, refusals, telemetry
 from . import logits_free as lf
 from . import registration as reg
@@ -85,18 +87,23 @@ def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tenso
         return original(self, labels, logits)
     _check_model_once(self)
     capture.check_captured(self)
-    cp_group, cp_balancing = groups.cp_split(self, capture.packed_seq_params())
-    parts = loss_parts(
-        labels,
-        logits,
-        cfg,
-        groups.logits_tp_group(self, logits),
+    layout = _layout(self, groups.logits_tp_group(self, logits))
+    inplace = _logits_spent_by_the_loss(self, labels, logits)
+    parts = loss_parts(labels, logits, cfg, layout, inplace=inplace)
+    return _recorded_loss(parts, cfg, labels, self, layout.cp_group)
+
+
+def _layout(module: Any, tp_group: Any, sequence_parallel: bool = False) -> VocabParallelLayout:
+    """How the forward in progress splits the loss's tensors: `tp_group` over the vocabulary,
+    the model's CP split and the forward's packed documents over the sequence."""
+    cp_group, cp_balancing = groups.cp_split(module, capture.packed_seq_params())
+    return VocabParallelLayout(
+        tp_group=tp_group,
         cp_group=cp_group,
         cu_seqlens=capture.cu_seqlens(),
         cp_balancing=cp_balancing,
-        inplace=_logits_spent_by_the_loss(self, labels, logits),
+        sequence_parallel=sequence_parallel,
     )
-    return _recorded_loss(parts, cfg, labels, self, cp_group)
 
 
 def _logits_spent_by_the_loss(module, labels: torch.Tensor, logits: torch.Tensor) -> bool:
@@ -171,23 +178,19 @@ def _logits_free_loss(
         hidden_size,
         weight.size(0),
     )
-    cp_group, cp_balancing = groups.cp_split(module, capture.packed_seq_params())
+    layout = _layout(module, tp_group, sequence_parallel)
     with weight_gradient_into(lf.main_grad_sink(output_layer, weight)):
         parts = numerical_linear_loss(
             hidden_states,
             weight,
             labels,
             cfg,
-            tp_group,
+            layout,
             return_parts=True,
-            cp_group=cp_group,
-            cu_seqlens=capture.cu_seqlens(),
-            cp_balancing=cp_balancing,
-            sequence_parallel=sequence_parallel,
             loss_mask=loss_mask,
             weight_gradient=route,
         )
-    return _recorded_loss(parts, cfg, labels, module, cp_group)
+    return _recorded_loss(parts, cfg, labels, module, layout.cp_group)
 
 
 def register(
@@ -205,7 +208,7 @@ def register(
             (NumericalLossConfig.from_fields), and a model whose config names no loss keeps
             Megatron's own.
         step_accounting: model -> DigitAccounting for a step-wide "digit" reduction, called on
-            the first training step (lm.counted), when the process groups exist.
+            the first training step (accounting.counted), when the process groups exist.
         logits_free: True, or a weight-gradient route ("auto", "forward", "backward"): GPTModel
             computes the loss of calls with labels from the output layer's input, without the
             logits (megatron-core >= 0.18, refused otherwise). A model config's del_logits_free
@@ -267,17 +270,19 @@ def config_of_arguments(
     settings: Mapping[str, Any],
 ) -> NumericalLossConfig:
     """The NumericalLossConfig of Bridge's and NeMo's enable_numerical_loss: `settings` are its
-    keyword arguments (loss, alpha, reduction, digit_share, slot_logits), checked first; the
-    digit ids are `vocab` (held against `tokenizer` when there is one) or the tokenizer's
-    (digit_ids.resolve_vocab). With loss "ce" the weight settings set away from their defaults
-    are said unused."""
+    keyword arguments (loss, alpha, reduction, digit_share, slot_logits), checked once, before
+    the tokenizer is read (loss=None beside others is the forgotten loss); the digit ids are
+    `vocab` (held against `tokenizer` when there is one) or the tokenizer's
+    (digit_ids.resolve_vocab). With loss "ce" the weight settings given are said unused."""
     unknown = sorted(set(settings) - set(SCALAR_SETTINGS))
     if unknown:
         raise TypeError(
             f"enable_numerical_loss got {', '.join(unknown)}: its settings are "
             f"{', '.join(SCALAR_SETTINGS)} (NumericalLossConfig's)"
         )
-    check_settings(**settings)
+    if "loss" in settings:
+        check_loss_given(settings["loss"], [API_NAMES(n) for n in settings if n != "loss"])
+    checked = check_settings(**settings)
     vocab = resolve_vocab(
         tokenizer,
         vocab,
@@ -285,10 +290,8 @@ def config_of_arguments(
         allow_multi_digit_tokens=allow_multi_digit_tokens,
         slot_rule=settings.get("slot_logits"),
     )
-    cfg = NumericalLossConfig(vocab=vocab, **settings)
-    defaults = NumericalLossConfig.__dataclass_fields__
-    changed = [name for name, value in settings.items() if value != defaults[name].default]
-    line = unused_weight_settings(cfg.loss, changed)
+    cfg = NumericalLossConfig.of(checked, vocab)
+    line = unused_weight_settings(cfg.loss, settings)
     if line:
         reg.log_once("unused weight settings", "%s", line)
     return cfg

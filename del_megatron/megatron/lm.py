@@ -33,7 +33,7 @@ import argparse
 import functools
 import re
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,7 @@ import torch.distributed as dist
 from ..config import NumericalLossConfig
 from . import accounting, flags, refusals, resume
 from . import registration as reg
-from .accounting import DigitAccounting, ShareWatch
+from .accounting import DigitAccounting, ShareWatch, counted
 from .flags import chain_extra_args
 from .groups import process_groups, unwrapped_model
 from .hook import enable
@@ -102,71 +102,6 @@ def step_accounting(cfg: NumericalLossConfig, args: Any, model: Any = None) -> D
     )
 
 
-def _evaluating(model: Any) -> bool:
-    inner = unwrapped_model(model)
-    return isinstance(inner, torch.nn.Module) and not inner.training
-
-
-def _current_accounting(registration: reg.Registration, model: Any) -> Optional[DigitAccounting]:
-    """The registration's step accounting, made on first use and made again when the model's
-    process groups are no longer the ones it holds (an in-process restart destroys and remakes
-    them; the iterators counted with the old ones are forgotten)."""
-    if registration.make_accounting is None:
-        return registration.accounting
-    groups = process_groups(model)
-    held = registration.accounting_groups
-    same = len(held) == len(groups) and all(a is b for a, b in zip(held, groups, strict=True))
-    if registration.accounting is None or not same:
-        registration.accounting = registration.make_accounting(model)
-        registration.accounting_groups = groups
-        registration.counted.clear()
-        registration.produced.clear()
-    return registration.accounting
-
-
-def counted(
-    data_iterator: Optional[Iterator],
-    model: Any = None,
-    eval_microbatches: Union[None, int, Callable[[], int]] = None,
-) -> Optional[Iterator]:
-    """forward_step's data iterator, counted a step at a time when a step-wide "digit"
-    reduction is registered (one wrapper per iterator, for every micro-batch of the step; an
-    evaluation iterator by the evaluation step's micro-batch count); unchanged otherwise. The
-    accounting is made on the first call (all ranks, with or without an iterator:
-    tensor-parallel ranks without data receive the counts), and checked against the model's
-    process groups when an iterator or a model is new, not on every micro-batch.
-    eval_microbatches: an evaluation step's micro-batch count (an int or a function), when the
-    accounting does not know it (Bridge's is in its state). An iterator this function returned
-    comes back unchanged, so stacked calls (the drop-in over a patched pretrain_gpt.py) count a
-    step once."""
-    registration = reg.current()
-    if registration is None:
-        return data_iterator
-    if data_iterator is not None and registration.produced.get(id(data_iterator)) is data_iterator:
-        # Already counted: the drop-in's forward_step wrapper around a patched forward_step.
-        return data_iterator
-    key = id(data_iterator)
-    known = registration.counted.get(key)
-    new_iterator = data_iterator is not None and (known is None or known[0] is not data_iterator)
-    new_model = registration.counted_models.get(id(model)) is not model
-    if new_iterator or new_model or registration.accounting is None:
-        registration.counted_models[id(model)] = model
-        accounting = _current_accounting(registration, model)
-        known = registration.counted.get(key)
-    else:
-        accounting = registration.accounting
-    if accounting is None or data_iterator is None:
-        return data_iterator
-    if known is None or known[0] is not data_iterator:
-        microbatches = None
-        if _evaluating(model):
-            microbatches = eval_microbatches or getattr(accounting, "eval_microbatches", None)
-        known = (data_iterator, accounting.wrap(data_iterator, microbatches))
-        registration.counted[key] = known
-        registration.produced[id(known[1])] = known[1]
-    return known[1]
-
-
 @refusals.one_line
 def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfig]:
     """Build the config from parsed flags and the run's tokenizer and register the loss hook
@@ -175,7 +110,7 @@ def register_from_args(args: Any, tokenizer: Any) -> Optional[NumericalLossConfi
     entries. Flags del_megatron cannot train with are refused here, before any model exists
     (refusals.py), in one line on rank 0 and an exit."""
     resume.install()  # a --load of other numerical-loss settings is announced (resume.py)
-    flags.check_flags_need_a_loss(args)
+    flags.checked(args)  # a forgotten --numerical-loss is refused before stock CE trains
     flags.say_unused_weight_flags(args)
     logits_free = getattr(args, "del_logits_free", False)
     if args.numerical_loss is None and not logits_free:
@@ -239,8 +174,7 @@ def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokeni
 
     @functools.wraps(model_provider)
     def provider(*args, **kwargs):
-        registration = reg.current()
-        cfg = registration.cfg if registration is not None else None
+        cfg = reg.run_config()
         if cfg is None:  # once per run (virtual pipeline stages call the provider per chunk)
             cfg = register_from_args(get_args(), get_tokenizer())
         model = model_provider(*args, **kwargs)
@@ -358,8 +292,7 @@ def _wrap(training_log: Callable, means: IntervalMeans) -> Callable:
 
     @functools.wraps(training_log)
     def logged(*args: Any, **kwargs: Any):
-        registration = reg.current()
-        cfg = registration.cfg if registration is not None else None
+        cfg = reg.run_config()
         if cfg is None or cfg.vocab is None:
             return training_log(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)

@@ -40,15 +40,15 @@ def term_weight(
     for the "token" reduction, 0 for "ce", and for the "digit" one alpha x the scope's
     loss.digit_term_scale ([] on the device: the step's counts inside a DigitAccounting step,
     else this micro-batch's own). mask: [b, s] float, this micro-batch's loss tokens."""
-    if cfg.reduction != "digit" or cfg.loss == "ce":
-        return cfg.token_weight
+    if not cfg.counts_digits:
+        return cfg.term_weight()
     n_tokens = mask.sum()
     step = accounting.active()
     if step is not None:
         scale = step.term_scale(n_tokens).to(n_tokens)
     else:
         scale = digit_term_scale(n_tokens, (parts.digit_count * mask).sum())
-    return cfg.alpha * scale
+    return cfg.term_weight(scale)
 
 
 def reduced_loss(loss_mask: torch.Tensor, rec: reg.Record) -> torch.Tensor:
@@ -57,7 +57,7 @@ def reduced_loss(loss_mask: torch.Tensor, rec: reg.Record) -> torch.Tensor:
     that for every reduction but "digit"; for "digit" it is composed from the parts in its
     place."""
     cfg, output = rec.cfg, rec.output
-    if cfg.reduction != "digit" or cfg.loss == "ce":
+    if not cfg.counts_digits:
         return output
     mask = loss_mask.reshape(output.shape).to(rec.parts.term.dtype)
     return rec.parts.token_loss(term_weight(mask, rec.parts, cfg)).to(output.dtype)

@@ -15,8 +15,8 @@ all-reduce), keeps it as `last_telemetry` and logs it through `log` (the Lightni
     from del_megatron.megatron.nemo import enable_numerical_loss
 
     model = llm.GPTModel(config, tokenizer=tokenizer)
-    enable_numerical_loss(model, tokenizer, loss="del", alpha=0.01)
-    llm.train(model, data, trainer, ...)
+    enable_numerical_loss(model, tokenizer, loss="del", alpha=0.1)
+    llm.train(model, data, trainer)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Optional, Union
 import torch
 
 from ..config import NumericalLossConfig
-from ..vocab import DigitVocab
+from ..digits.vocab import DigitVocab
 from . import registration as reg
 from .digit_ids import tokenizer_vocab
 from .hook import config_of_arguments, enable

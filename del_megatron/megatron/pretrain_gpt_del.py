@@ -5,7 +5,12 @@ pretrain_gpt.py, as a module of the installed package, with the extra flags:
 
     cd Megatron-LM
     torchrun ... -m del_megatron.megatron.pretrain_gpt_del <usual pretrain_gpt.py flags> \\
-        --numerical-loss del --del-alpha 0.01 [--del-reduction token|digit]
+        --numerical-loss del --del-alpha 0.1
+
+and for the token reduction, the share `del-megatron check --data-path` measured (0.05 here):
+
+    torchrun ... -m del_megatron.megatron.pretrain_gpt_del <usual pretrain_gpt.py flags> \\
+        --numerical-loss del --del-alpha 0.1 --del-reduction token --del-digit-share 0.05
 
 (examples/pretrain_gpt_del.py is the same, by path.) Digit ids come from the run's tokenizer
 unless --del-digit-token-ids is given. It imports Megatron-LM's own pretrain_gpt.py as a module
@@ -13,8 +18,9 @@ unless --del-digit-token-ids is given. It imports Megatron-LM's own pretrain_gpt
 `pretrain(extra_args_provider=...)` (core <= 0.17), `parse_and_validate_args(...)` +
 `pretrain(full_config, model_provider, ...)` (core 0.18) and `pretrain(full_config)` with a model
 config instead of a provider (core 0.19). Tested against Megatron-LM core_v0.16.1, core_v0.18.0
-and core_v0.19.0 (tests/e2e) and a development commit (docs/testing.md). It may also be launched
-from a tree that our patch already changed: each of its wrappers then acts once.
+and core_v0.19.0 and the development heads main and dev (tests/e2e, docs/testing.md). It may
+also be launched from a tree that our patch already changed: each of its wrappers then acts
+once.
 """
 
 from __future__ import annotations

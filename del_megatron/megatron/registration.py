@@ -2,9 +2,10 @@
 
 One Registration holds all of it: the settings, the parts behind each loss the hook returned
 (records, which the loss function finds by the tensor), the "digit" reduction's step accounting,
-the counted data iterators. `of_model` is the one place the loss hook, the model checks and the
-loss function read a model's settings. Megatron-LM functions wrapped in place (`wrap_in_place`)
-are restored by `end()`.
+the counted data iterators. The settings are read in two places only: `run_config`, the run's
+own (Megatron-LM's, registered before any model exists), and `of_model`, a model's (the run's,
+else its config's fields: Bridge, NeMo), which the loss hook, the model checks and the loss
+function use. Megatron-LM functions wrapped in place (`wrap_in_place`) are restored by `end()`.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ class Registration:
     accounting: the one it made, or the one a `with DigitAccounting(...)` block entered.
     logits_free: GPTModel computes the loss from the output layer's input (logits_free.py):
     True, or the weight gradient's route ("auto", "forward", "backward").
-    counted: each data iterator lm.counted has wrapped (by id) -> (it, its counted iterator);
-    produced: those counted iterators (by id), which lm.counted passes through unchanged.
-    accounting_groups: the process groups the accounting was made with; counted_models: the
-    models lm.counted has seen (by id); checked_models: the models whose configuration the loss
-    hook has checked (by id). cp_balancing: how the data pipeline cuts a packed batch over the
-    context-parallel ranks when no micro-batch says otherwise (hook.register). share_watch: an
-    accounting.ShareWatch, the token reduction's given digit share checked against the measured
-    one.
+    counted: each data iterator accounting.counted has wrapped (by id) -> (it, its counted
+    iterator); produced: those counted iterators (by id), which accounting.counted passes
+    through unchanged. accounting_groups: the process groups the accounting was made with;
+    counted_models: the models accounting.counted has seen (by id); checked_models: the models
+    whose configuration the loss hook has checked (by id). cp_balancing: how the data pipeline
+    cuts a packed batch over the context-parallel ranks when no micro-batch says otherwise
+    (hook.register). share_watch: an accounting.ShareWatch, the token reduction's given digit
+    share checked against the measured one.
     loss_func_required: the framework's loss function must be ours (the "digit" reduction is
     applied there); one_line_refusals: the model checks refuse as one line on rank 0 and an exit
     (Megatron-LM's command line, refusals.one_line); unreduced: the last training micro-batch's
@@ -144,14 +145,21 @@ def find(output: torch.Tensor) -> Optional[Record]:
     return None
 
 
+def run_config() -> Optional[NumericalLossConfig]:
+    """The run's own settings, registered before any model exists (Megatron-LM's flags), or
+    None (nothing registered, or each model's config says: Bridge, NeMo)."""
+    registration = current()
+    return None if registration is None else registration.cfg
+
+
 def of_model(model: Any) -> Optional[NumericalLossConfig]:
     """The settings the loss of `model` (a LanguageModule, not a DDP / Float16Module wrapper)
-    is computed with: the registration's config (Megatron-LM), else the one its config's fields
+    is computed with: the run's (run_config: Megatron-LM), else the one its config's fields
     describe (Bridge, NeMo: NumericalLossConfig.from_fields, built once a config); None when
     neither names a loss (a distillation teacher keeps Megatron's own)."""
-    registration = current()
-    if registration is not None and registration.cfg is not None:
-        return registration.cfg
+    cfg = run_config()
+    if cfg is not None:
+        return cfg
     return NumericalLossConfig.from_fields(getattr(model, "config", None))
 
 

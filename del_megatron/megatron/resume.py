@@ -183,10 +183,8 @@ def announcements(checkpoint_args: Any, run: Settings) -> List[str]:
 
 def run_settings(args: Any) -> Settings:
     """This run's Settings: the registered config's when there is one, else its args'."""
-    registration = reg.current()
-    if registration is not None and registration.cfg is not None:
-        return settings_of_config(registration.cfg)
-    return settings_of_args(args)
+    cfg = reg.run_config()
+    return settings_of_args(args) if cfg is None else settings_of_config(cfg)
 
 
 def announce(checkpoint_args: Any, args: Any) -> None:

@@ -22,7 +22,7 @@ def init_single_rank(training_runtime: bool = False) -> None:
     import torch.distributed as dist
 
     from del_megatron import cpu
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     if training_runtime:
         from del_megatron.cpu import training

@@ -155,7 +155,7 @@ def test_resume_from_iteration_5_repeats_iterations_6_to_10(trainers, dataset):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> str:
     """`del-megatron prepare`'s synthetic corpus written with Llama-3.2's tokenizer.json."""
-    from del_megatron.demo.data import PREFIX, prepare
+    from del_megatron.tools.demo.data import PREFIX, prepare
 
     out = tmp_path_factory.mktemp("prepared-llama3")
     prepare(str(out), tokenizer=str(LLAMA3_DIR / "tokenizer.json"), num_docs=800, num_eval=4)
@@ -170,7 +170,7 @@ def test_the_share_check_prints_is_the_share_the_pasted_flags_train(
     run's measured `digit share` (its mean over 10 iterations of 4,096 tokens) is within 5% of
     the printed share, and the share watch stays silent. Without --del-slot-logits the share
     counts the ten single-digit tokens the run trains; with it, every digit."""
-    from del_megatron.cli import main
+    from del_megatron.tools.cli import main
 
     slots = ["--del-slot-logits", "length"] if route == "slots" else []
     tokenizer = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(LLAMA3_DIR)]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from del_megatron.ports import free_port
+from del_megatron.cpu.ports import free_port
 
 # A few seconds of training: shared by the demo (with DATA) and the bare torchrun worker.
 TRAIN = "--steps 24 --micro-batch 8 --seq-len 32 --hidden 64 --heads 4 --eval-problems 8"
@@ -25,7 +25,7 @@ BASE = "--base-steps 30".split()
 def run_cli(*argv):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
-        [sys.executable, "-m", "del_megatron.cli", *argv],
+        [sys.executable, "-m", "del_megatron.tools.cli", *argv],
         capture_output=True,
         text=True,
         env=env,
@@ -98,7 +98,7 @@ def test_resume_reaches_the_same_losses(quick_demo, tmp_path):
             "--master-port",
             str(free_port()),
             "-m",
-            "del_megatron.cli",
+            "del_megatron.tools.cli",
             "train",
         ]
 
@@ -151,7 +151,7 @@ def test_compare_command_at_toy_size(tmp_path):
     """Continued pretraining, 2 seeds x 2 losses, through torchrun (one process: TP=2 is the
     demo test's); then a rerun that trains nothing."""
     out = tmp_path / "cmp"
-    argv = [sys.executable, "-m", "del_megatron.cli", "compare", "--out", str(out)]
+    argv = [sys.executable, "-m", "del_megatron.tools.cli", "compare", "--out", str(out)]
     argv += ["--continue-from-base", "--base-steps", "8"]
     argv += ["--losses", "ce", "del@0.5", "--seeds", "3", "4", "--nproc", "1"]
     argv += [*TOY.split(), *TOY_DATA.split()]

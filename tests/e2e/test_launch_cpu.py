@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from del_megatron.cli import main
+from del_megatron.tools.cli import main
 from tests.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def launch(out_dir, data_dir, log_name, **env):
         "bash",
         str(LAUNCH),
         "-m",
-        "del_megatron.cli",
+        "del_megatron.tools.cli",
         "train",
         "--data-dir",
         str(data_dir),

@@ -71,7 +71,7 @@ wait_port() {  # until something listens on 127.0.0.1:$1
   for _ in $(seq 80); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.25; done
   die "nothing listens on 127.0.0.1:$1"
 }
-free_port() { python3 "$root/del_megatron/ports.py"; }  # outside the ephemeral range
+free_port() { python3 "$root/del_megatron/cpu/ports.py"; }  # outside the ephemeral range
 
 # ---- the engine ---------------------------------------------------------------------------------
 docker_bin=/usr/bin/docker

@@ -33,7 +33,9 @@ def check_hook_passes_the_cp_group() -> None:
         hooked = model(*args, labels=local["labels"])
     finally:
         dmm.unregister()
-    expected = dm.numerical_lm_loss(local["labels"], logits, CFG, cp_group=cp_group)
+    expected = dm.numerical_lm_loss(
+        local["labels"], logits, CFG, dm.VocabParallelLayout(cp_group=cp_group)
+    )
     torch.testing.assert_close(hooked, expected, rtol=1e-6, atol=1e-6)
     unsplit = dm.numerical_lm_loss(local["labels"], logits, CFG)
     assert not torch.allclose(hooked, unsplit)
@@ -74,16 +76,19 @@ def _check_hybrid_cp_split(model, tokens, labels, cp_group) -> None:
     try:
         got = hooked(whole[:, positions], logits, cp, cp_group)
         by_sequence = dm.numerical_lm_loss(
-            whole[:, positions], logits, CFG, cp_group=cp_group, cu_seqlens=cu,
-            cp_balancing="sequence",
+            whole[:, positions], logits, CFG,
+            dm.VocabParallelLayout(cp_group=cp_group, cu_seqlens=cu, cp_balancing="sequence"),
         )  # fmt: skip
         torch.testing.assert_close(got, by_sequence, rtol=0, atol=0)
         by_document = dm.numerical_lm_loss(
-            whole[:, positions], logits, CFG, cp_group=cp_group, cu_seqlens=cu
+            whole[:, positions],
+            logits,
+            CFG,
+            dm.VocabParallelLayout(cp_group=cp_group, cu_seqlens=cu),
         )
         assert not torch.allclose(got, by_document)
         alone = hooked(whole, whole_logits, 1, None)
-        want = dm.numerical_lm_loss(whole, whole_logits, CFG, cu_seqlens=cu)
+        want = dm.numerical_lm_loss(whole, whole_logits, CFG, dm.VocabParallelLayout(cu_seqlens=cu))
         torch.testing.assert_close(alone, want, rtol=0, atol=0)
         with pytest.raises(ValueError, match="local_cp_size is 2 but its cp_group is missing"):
             hooked(whole[:, positions], logits, 2, None)

@@ -29,7 +29,9 @@ def check_hook_equals_numerical_lm_loss(tp: int) -> None:
             loss = model(tokens, positions, None, labels=labels)
             logits = model(tokens, positions, None).transpose(0, 1)  # [s, b, V/tp]
             assert logits.size(-1) * tp == model.vocab_size
-            expected = dm.numerical_lm_loss(labels, logits, CFG, tp_group=_tp_group())
+            expected = dm.numerical_lm_loss(
+                labels, logits, CFG, dm.VocabParallelLayout(tp_group=_tp_group())
+            )
             torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
             parts = dm.numerical_lm_loss(labels, logits, CFG, _tp_group(), return_parts=True)
             assert parts.is_digit.sum() > 10 and (parts.term > 0).sum() > 10

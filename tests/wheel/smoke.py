@@ -27,9 +27,9 @@ def main(checkout: Path, venv: Path) -> None:
 
     package = Path(dm.__file__).resolve().parent
     assert package == site / "del_megatron", f"del_megatron imported from {package}, not {site}"
-    import del_megatron.cli
+    import del_megatron.tools.cli
 
-    assert Path(del_megatron.cli.__file__).resolve().is_relative_to(package)
+    assert Path(del_megatron.tools.cli.__file__).resolve().is_relative_to(package)
 
     # every module of the checkout's package is in the wheel, and the CPU runtime's start-up hook
     def modules(folder: Path):
@@ -45,7 +45,7 @@ def main(checkout: Path, venv: Path) -> None:
     assert Path(dist.locate_file("")).resolve() == site, f"metadata from {dist.locate_file('')}"
     assert dist.version == dm.__version__, (dist.version, dm.__version__)
     scripts = {e.name: e.value for e in dist.entry_points if e.group == "console_scripts"}
-    assert scripts == {"del-megatron": "del_megatron.cli:main"}, scripts
+    assert scripts == {"del-megatron": "del_megatron.tools.cli:main"}, scripts
     script = venv / "bin" / "del-megatron"
     shebang = script.read_text().splitlines()[0]
     assert shebang == f"#!{venv / 'bin' / 'python'}", f"{script}: {shebang}"

@@ -90,7 +90,7 @@ def _run_together(
     checkout: the two runs of a pair are independent jobs, and on a GPU most of a run is
     start-up and compiling on the host. Returns {name: (log, seconds)}; RuntimeError with the
     tail of each failed run's log."""
-    from del_megatron.ports import free_port
+    from del_megatron.cpu.ports import free_port
 
     running = {}
     started = time.monotonic()

@@ -35,7 +35,9 @@ def _sync_cases(ctx: Context):
 
         def run():
             leaf = logits.detach().requires_grad_(True)
-            loss = dm.numerical_lm_loss(labels, leaf, cfg, kernel=kernel, cu_seqlens=cu_seqlens)
+            loss = dm.numerical_lm_loss(
+                labels, leaf, cfg, dm.VocabParallelLayout(cu_seqlens=cu_seqlens), kernel=kernel
+            )
             torch.autograd.grad(loss.sum(), leaf)
 
         return run

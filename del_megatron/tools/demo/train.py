@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 import del_megatron as dm
 
-from .. import cpu
-from .. import megatron as dmm
+from ... import cpu
+from ... import megatron as dmm
 from .config import SINGLE_DIGIT_DEL, TrainConfig, differing_settings
 from .data import build_train_dataset, load_eval, tokenizer_path
 from .evaluate import base_ce, curve_point, curve_steps, score, summarize

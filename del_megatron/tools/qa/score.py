@@ -14,8 +14,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from ...digits.vocab import digit_vocab_from_tokenizer
 from ..demo.digit_shape import problem_rows, summarize, sums
-from ..vocab import digit_vocab_from_tokenizer
 from .answers import CLASSES, digit_classes, final_answer
 from .data import SEPARATOR, Problem
 

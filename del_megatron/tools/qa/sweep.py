@@ -23,6 +23,7 @@ from .finetune import TRAINED, RunSettings, Schedule
 from .report import training_record
 
 SCORE, SETTINGS, CLAIM = "score.json", "settings.json", ".claimed"
+CONVERT = "del_megatron.tools.qa.convert"
 
 
 def _python(*args: str) -> List[str]:
@@ -105,7 +106,7 @@ class Sweep:
                 continue
             try:
                 self.log(f"converting {self.hf_model} to a Megatron checkpoint")
-                command = _python("-m", "del_megatron.qa.convert", "import", self.hf_model, init)
+                command = _python("-m", CONVERT, "import", self.hf_model, init)
                 self._run(command, os.path.join(self.out, "convert.log"))
             finally:
                 self._release(init)
@@ -114,7 +115,7 @@ class Sweep:
     def score(self, hf_model: str, folder: str) -> dict:
         path = os.path.join(folder, SCORE)
         if not os.path.exists(path):
-            command = _python("-m", "del_megatron.cli", "score-qa", "--hf-model", hf_model)
+            command = _python("-m", "del_megatron.tools.cli", "score-qa", "--hf-model", hf_model)
             command += ["--data", self.test_file, "--problems", str(self.scored)]
             command += ["--greedy", str(self.greedy), "--out", path]
             command += ["--question-key", self.keys[0], "--answer-key", self.keys[1]]
@@ -149,13 +150,13 @@ class Sweep:
                 "--nproc-per-node",
                 str(s.tensor_parallel),
                 "-m",
-                "del_megatron.qa.finetune",
+                "del_megatron.tools.qa.finetune",
             ]
             command.append(json.dumps(asdict(settings)))
             self._run(command, os.path.join(folder, "train.log"))
         hf = os.path.join(folder, "hf")
         if not os.path.exists(os.path.join(hf, "config.json")):
-            command = _python("-m", "del_megatron.qa.convert", "export", self.hf_model, save, hf)
+            command = _python("-m", CONVERT, "export", self.hf_model, save, hf)
             self._run(command, os.path.join(folder, "convert.log"))
         return self.score(hf, folder)
 

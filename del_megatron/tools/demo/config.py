@@ -9,9 +9,9 @@ import os
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from ..config import check_learning_rate, check_weight
+from ...config import check_learning_rate, check_weight
+from ...digits.slots import DEFAULT_SLOT_LOGITS
 from ..preflight import SENTENCEPIECE
-from ..slots import DEFAULT_SLOT_LOGITS
 
 # `--tokenizer chunked`: prepare trains a byte-level BPE that cuts numbers into chunks of up to
 # three digits, with Llama-3's pre-tokenizer (text_tokenizer.train_chunking_bpe).

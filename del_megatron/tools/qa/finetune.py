@@ -3,7 +3,7 @@ finetune() from a converted Hugging Face model on a fine-tuning folder (data.py)
 through del_megatron's Bridge hook; CPU (gloo, fp32, local layers) where there is no CUDA.
 Each iteration's logged values go to <save>/history.jsonl; <save>/trained.json marks the end.
 
-    torchrun --nproc-per-node 1 -m del_megatron.qa.finetune '<RunSettings as JSON>'
+    torchrun --nproc-per-node 1 -m del_megatron.tools.qa.finetune '<RunSettings as JSON>'
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def build_config(run: RunSettings):
     cfg.logger.log_interval = 1
     cfg.logger.tensorboard_dir = os.path.join(run.save, "tensorboard")
     if not torch.cuda.is_available():
-        from ..cpu.bridge import cpu_config
+        from ...cpu.bridge import cpu_config
 
         cpu_config(cfg)
     return cfg
@@ -120,12 +120,12 @@ def train(run: RunSettings) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        from ..cpu import bridge
+        from ...cpu import bridge
 
         bridge.activate()
     from megatron.bridge.training.finetune import finetune
 
-    from ..megatron.bridge import enable_numerical_loss, numerical_forward_step
+    from ...megatron.bridge import enable_numerical_loss, numerical_forward_step
 
     cfg = build_config(run)
     enable_numerical_loss(cfg, loss=run.loss, alpha=run.alpha)

@@ -17,9 +17,9 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..config import NumericalLossConfig
-from ..loss import loss_parts
-from ..vocab import digit_vocab_from_tokenizer
+from ...config import NumericalLossConfig
+from ...digits.vocab import digit_vocab_from_tokenizer
+from ...loss import loss_parts
 from .data import SEPARATOR, Problem
 
 IGNORE = -100

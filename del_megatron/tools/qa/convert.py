@@ -1,8 +1,8 @@
 """Hugging Face <-> Megatron checkpoints for compare-qa, in one process (gloo; Bridge's CPU
 runtime where there is no CUDA):
 
-    python -m del_megatron.qa.convert import HF_MODEL MEGATRON_PATH
-    python -m del_megatron.qa.convert export HF_MODEL MEGATRON_PATH HF_PATH
+    python -m del_megatron.tools.qa.convert import HF_MODEL MEGATRON_PATH
+    python -m del_megatron.tools.qa.convert export HF_MODEL MEGATRON_PATH HF_PATH
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 def main(argv: list) -> None:
     import torch
 
-    from ..cpu import bridge
+    from ...cpu import bridge
 
     if torch.cuda.is_available():
         raise SystemExit("compare-qa converts on CPU; with CUDA use examples/bridge_convert.py")

@@ -1,11 +1,13 @@
-"""`del-megatron`: check a tokenizer for DEL, prepare a number-rich Megatron dataset, and run
-the CPU demo (CE vs DEL).
+"""`del-megatron`: check a tokenizer for DEL, prepare a number-rich Megatron dataset, run the
+CPU demo (CE vs DEL) and the comparisons:
 
-del-megatron check --tokenizer tok.model     # digit ids, the alpha for it, the flags to add
-del-megatron prepare --out data/             # synthetic corpus, trained SentencePiece
-del-megatron demo --out runs/demo            # a CE base, CE and DEL continued from it (TP=2)
-del-megatron compare --out runs/compare      # every loss x 5 seeds, 95% intervals
-del-megatron compare --continue-from-base    # the same, continued from a CE base per seed
+    del-megatron check --tokenizer tok.model     # digit ids, the alpha for it, the flags to add
+    del-megatron prepare --out data/             # synthetic corpus, trained SentencePiece
+    del-megatron demo --out runs/demo            # a CE base, CE and DEL continued from it (TP=2)
+    del-megatron compare --out runs/compare      # every loss x 5 seeds, 95% intervals
+    del-megatron compare --continue-from-base    # the same, continued from a CE base per seed
+
+(`python -m del_megatron` runs it too.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ import warnings
 from dataclasses import Field, fields
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-from .config import check_weight
+from ..config import check_weight
+from ..cpu.ports import free_port
+from ..cpu.quick_exit import skip_final_collections
+from ..digits.slots import RULES
+from ..loss import LOSSES
 from .demo.config import (
     BASE_STEPS,
     CHUNKED,
@@ -34,10 +40,6 @@ from .demo.config import (
     check_out_dir,
     check_setting,
 )
-from .loss import LOSSES
-from .ports import free_port
-from .quick_exit import skip_final_collections
-from .slots import RULES
 
 # What the demo trains: every loss, and DEL on single-digit tokens only (for chunking tokenizers).
 DEMO_LOSSES = LOSSES + (SINGLE_DIGIT_DEL,)
@@ -110,7 +112,7 @@ def _existing(what: str, want_file: bool, keyword: Optional[str] = None) -> Call
 
 
 def _arm(text: str):
-    """argparse type: LOSS or LOSS@WEIGHT (del_megatron.demo.compare.Arm)."""
+    """argparse type: LOSS or LOSS@WEIGHT (del_megatron.tools.demo.compare.Arm)."""
     from .demo.compare import parse_arm
 
     try:
@@ -173,7 +175,7 @@ def _bad_input(what: str, fix: str) -> Iterator[None]:
 
 def _read_for_check(args):
     """(preflight.Preflight, the --data-path's BlendShare or None) for `check`'s arguments."""
-    from .data_share import parse_data_path
+    from ..digits.data_share import parse_data_path
     from .preflight import check_tokenizer, measure_data
 
     if args.data_path is not None:  # its mistakes are named before the tokenizer loads
@@ -231,7 +233,7 @@ def _init_process_group() -> None:
     """gloo process group; under a torchrun agent, in this restart attempt's key space."""
     import torch.distributed as dist
 
-    from .cpu.rendezvous import per_attempt
+    from ..cpu.rendezvous import per_attempt
 
     per_attempt(dist.init_process_group)("gloo")
 
@@ -248,7 +250,7 @@ def _torchrun(nproc: int, argv: List[str]) -> List[str]:
         "--master-port",
         str(free_port()),
         "-m",
-        "del_megatron.cli",
+        "del_megatron.tools.cli",
         *argv,
     ]
 
@@ -454,8 +456,8 @@ def _slot_logits_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DEFAULT_ALPHA
-    from .data_share import DEFAULT_SAMPLE_TOKENS
+    from ..config import DEFAULT_ALPHA
+    from ..digits.data_share import DEFAULT_SAMPLE_TOKENS
 
     parser = argparse.ArgumentParser(prog="del-megatron", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -9,7 +9,7 @@ from typing import Iterable, List, Tuple
 
 import torch
 
-from .device import on_device
+from ..device import on_device
 from .number_tokens import (
     CODE_LENGTH,
     CODE_OTHER,

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..config import check_weight
+from ...config import check_weight
+from ...digits.slots import RULES
 from ..preflight import SENTENCEPIECE, recommended_weight
-from ..slots import RULES
 from . import report
 from .config import (
     DEFAULT_SLOT_LOGITS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from ..tokenizers import load_tokenizer, token_codec
+from ...digits.tokenizers import load_tokenizer, token_codec
 
 # Llama-3's pre-tokenizer: its `\p{N}{1,3}` cuts numbers into chunks of up to three digits,
 # left to right.

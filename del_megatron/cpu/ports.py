@@ -1,5 +1,5 @@
 """A TCP port for a rendezvous, chosen where no outgoing connection can take it. Stdlib only;
-`python del_megatron/ports.py` prints one (shell scripts use it without importing the package).
+`python del_megatron/cpu/ports.py` prints one (shell scripts use it without importing the package).
 
 Port 0 hands out a port from the kernel's ephemeral range, the range it also takes the local port
 of every outgoing connection from. Between choosing a port and torchrun binding it (seconds later

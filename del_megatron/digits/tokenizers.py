@@ -252,7 +252,7 @@ def number_token_ids(tok: Any, allow_multi_digit_tokens: bool = False) -> Number
     other tokens (digits merged, or a digit after a space as a token of its own, GPT-2's 'Ġ4')
     raises MultiDigitTokens (a ValueError) with the reason, unless allow_multi_digit_tokens: then
     the multi-digit ids are [] and the digit ids are the bare single-digit tokens as they are
-    encoded inside numbers. del_megatron.vocab.digit_vocab_from_tokenizer makes a DigitVocab
+    encoded inside numbers. del_megatron.digits.vocab.digit_vocab_from_tokenizer makes a DigitVocab
     of them."""
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(os.fspath(tok))

@@ -5,7 +5,7 @@ Given a tokenizer file (what DigitVocab.from_tokenizer reads), Megatron-LM's
 `--merge-file`, report the digit and decimal-point ids, whether numbers are split one digit per
 token, the tokenizer's family with the DEL weight (alpha) recommended for it, and the
 Megatron-LM flags to add. With Megatron-LM's `--data-path`, also
-the share of the data's label positions that are digit targets (del_megatron.data_share), and
+the share of the data's label positions that are digit targets (del_megatron.digits.data_share), and
 the flags of the token reduction that uses it.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
-from .config import DEFAULT_ALPHA
-from .data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
-from .tokenizer_types import NO_TEXT_TYPES, read_as_megatron
-from .tokenizers import (
+from ..config import DEFAULT_ALPHA
+from ..digits.data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
+from ..digits.tokenizer_types import NO_TEXT_TYPES, read_as_megatron
+from ..digits.tokenizers import (
     QWEN_RANKS,
     MultiDigitTokens,
     OffsetEncoding,
     spaced_digit_tokens,
 )
-from .vocab import DigitVocab, digit_vocab_from_tokenizer
+from ..digits.vocab import DigitVocab, digit_vocab_from_tokenizer
 
 
 @dataclass(frozen=True)

@@ -231,15 +231,31 @@ def classes_table(compared: Dict[str, Dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+PROBLEM_COUNTS = "problem_counts.json"
+
+
+def write_problem_counts(path: str, per_problem: Dict[str, Dict[str, dict]]) -> None:
+    """{arm: {seed: {class: [[count, correct] per problem]}}} as JSON, one line a run."""
+    lines = []
+    for arm, runs in per_problem.items():
+        seeds = [
+            f"  {json.dumps(str(s))}: {json.dumps(c, separators=(',', ':'))}"
+            for s, c in runs.items()
+        ]
+        lines.append(f" {json.dumps(arm)}: {{\n" + ",\n".join(seeds) + "\n }")
+    with open(path, "w") as f:
+        f.write("{\n" + ",\n".join(lines) + "\n}\n")
+
+
 def write(
     out: str,
     results: Dict[str, Dict[int, dict]],
     seeds: Sequence[int],
     title: str = "held-out digit targets, teacher-forced",
 ) -> str:
-    """results.json (per seed without per-problem rows; per problem each class's counts;
-    the summary and the declared comparisons), results.md and digit_shape.png under `out`;
-    returns the Markdown."""
+    """results.json (per seed without per-problem rows, the summary and the declared
+    comparisons), problem_counts.json (per run, each problem's counts per class: every interval
+    recomputes from it), results.md and digit_shape.png under `out`; returns the Markdown."""
     from ..demo.report import plot_shape
 
     raw = {
@@ -264,7 +280,6 @@ def write(
         json.dump(
             {
                 "per_seed": raw,
-                "per_problem": per_problem,
                 "summary": summary,
                 "comparisons": compared,
                 "seeds_compared": done,
@@ -272,6 +287,7 @@ def write(
             f,
             indent=1,
         )
+    write_problem_counts(os.path.join(out, PROBLEM_COUNTS), per_problem)
     text = table(summary, METRICS + TRAINING) + "\n\n" + differences(summary, METRICS + TRAINING)
     if compared:
         text += "\n\n" + primary_table(compared, len(pairs))

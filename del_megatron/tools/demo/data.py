@@ -31,7 +31,7 @@ def prepare(
     """Write out_dir/{corpus_text_document.bin,.idx, eval.jsonl, tokenizer, meta.json}.
 
     corpus: a JSONL file ({"text": ...} per line) or None for the seeded synthetic corpus.
-    tokenizer: a tokenizer file (see del_megatron.tokenizers.load_tokenizer), None to train a
+    tokenizer: a tokenizer file (see del_megatron.digits.tokenizers.load_tokenizer), None to train a
     digit-splitting SentencePiece model on the corpus, or "chunked" to train a byte-level BPE
     that cuts numbers into chunks of up to three digits (Llama-3's pre-tokenizer).
     distribution: the synthetic problems' distribution (corpus.DISTRIBUTIONS), of the training
