@@ -349,3 +349,32 @@ def test_published_results_keep_every_problems_counts(tmp_path):
         / 2
     )
     assert "98.3% bootstrap (3 comparisons)" in text
+
+
+def test_matched_weight_norms_are_the_terms_logit_gradients():
+    """matched-weight's norms: digit_ce's is CE's gradient at the digit targets, softmax -
+    onehot over the whole vocabulary, summed there by hand; DEL's the reference term's
+    gradient (fp64 autograd)."""
+    import torch
+
+    import del_megatron as dm
+    from del_megatron.reference import reference_lm_loss
+    from del_megatron.tools.qa.matched_weight import _term_gradient_norm
+
+    vocab = dm.DigitVocab(range(3, 13), [13])
+    gen = torch.Generator().manual_seed(2)
+    labels = torch.tensor([[-100, 3, 5, 13, 7, 20, 12], [4, 4, 30, -100, 9, 8, 1]])
+    logits = torch.randn(7, 2, 32, generator=gen, dtype=torch.float64) * 2
+    digit = (labels >= 3) & (labels <= 12)
+    grad = torch.softmax(logits, -1).transpose(0, 1).clone()  # [b, s, V]
+    grad.scatter_add_(-1, labels.clamp(min=0).unsqueeze(-1), -torch.ones(2, 7, 1).double())
+    want_ce = float(grad[digit].norm())
+    cfg = dict(vocab=vocab, ignore_index=-100)
+    got_ce = _term_gradient_norm(labels, logits, dm.NumericalLossConfig(loss="digit_ce", **cfg))
+    assert got_ce == pytest.approx(want_ce, rel=1e-10)
+    z = logits.clone().requires_grad_(True)
+    _, term = reference_lm_loss(labels, z, vocab, "del")
+    (want_del,) = torch.autograd.grad(term.sum(), z)
+    got_del = _term_gradient_norm(labels, logits, dm.NumericalLossConfig(loss="del", **cfg))
+    assert got_del == pytest.approx(float(want_del.norm()), rel=1e-10)
+    assert got_del > 0 and got_ce > 0

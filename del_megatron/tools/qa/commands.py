@@ -113,14 +113,23 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
     gguf.add_argument("--out", required=True, help="the folder to write")
     gguf.set_defaults(func=_gguf_to_hf)
 
+    def train_data(p) -> None:
+        p.add_argument(
+            "--train",
+            required=True,
+            type=existing("train JSONL", want_file=True),
+            help="training problems, one JSON object a line",
+        )
+
+    def keys(p) -> None:
+        p.add_argument(
+            "--question-key", default="question", help="the question field (default question)"
+        )
+        p.add_argument("--answer-key", default="answer", help="the answer field (default answer)")
+
     def qa_data(p, train: bool, problems: int = 250, greedy: int = 32) -> None:
         if train:
-            p.add_argument(
-                "--train",
-                required=True,
-                type=existing("train JSONL", want_file=True),
-                help="training problems, one JSON object a line",
-            )
+            train_data(p)
             p.add_argument(
                 "--test",
                 required=True,
@@ -134,10 +143,7 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
                 type=existing("JSONL", want_file=True),
                 help="held-out problems, one JSON object a line",
             )
-        p.add_argument(
-            "--question-key", default="question", help="the question field (default question)"
-        )
-        p.add_argument("--answer-key", default="answer", help="the answer field (default answer)")
+        keys(p)
         p.add_argument(
             "--problems",
             type=positive,
@@ -221,14 +227,8 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
     matched.add_argument(
         "--hf-model", required=True, type=existing("model", want_file=False), help="HF model folder"
     )
-    matched.add_argument(
-        "--train",
-        required=True,
-        type=existing("train JSONL", want_file=True),
-        help="training problems, one JSON object a line",
-    )
-    matched.add_argument("--question-key", default="question", help="the question field")
-    matched.add_argument("--answer-key", default="answer", help="the answer field")
+    train_data(matched)
+    keys(matched)
     matched.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4], help="orders")
     matched.add_argument("--batch", type=positive, default=8, help="problems (default 8)")
     matched.add_argument(
