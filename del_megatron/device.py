@@ -24,23 +24,37 @@ def on_device(
     `make` should fill its tensor on the device with scalar fills (int_tensor), which copy
     nothing from the host, so even the first call does not sync. Not kept while tensors are
     fake (FakeTensorMode), traced by torch.compile or captured into a CUDA graph: each call
-    makes its own there."""
+    makes its own there, except that fake tensors are kept for as long as their FakeTensorMode
+    (a chunked kernel asks for the same index tensors once a chunk)."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if not _keepable(device):
+    made = _store(device)
+    if made is None:
         return make(device)
-    tensor = _MADE.get((key, device))
+    tensor = made.get((key, device))
     if tensor is None:
-        tensor = _MADE[(key, device)] = make(device)
+        tensor = made[(key, device)] = make(device)
     return tensor
 
 
-def _keepable(device: torch.device) -> bool:
+def _store(device: torch.device) -> Optional[Dict[Tuple, torch.Tensor]]:
+    """Where tensors made for `device` now are kept: _MADE, the active FakeTensorMode's own
+    dict (its fake tensors are valid only inside it), or None (compiling, capturing)."""
     from torch._guards import detect_fake_mode
 
-    if detect_fake_mode() is not None or torch.compiler.is_compiling():
-        return False
-    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    if torch.compiler.is_compiling():
+        return None
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    mode = detect_fake_mode()
+    if mode is None:
+        return _MADE
+    if not hasattr(mode, _FAKE_STORE):
+        setattr(mode, _FAKE_STORE, {})
+    return getattr(mode, _FAKE_STORE)
+
+
+_FAKE_STORE = "_del_megatron_made"
 
 
 def int_tensor(values: Tuple[int, ...]) -> Callable[[torch.device], torch.Tensor]:

@@ -270,3 +270,32 @@ def test_index_tensors_hold_their_values_and_copy_nothing_from_the_host():
     with FakeTensorMode(), HostSyncs() as syncs:
         int_tensor(values)(torch.device("cpu"))
     assert not syncs.events, syncs.report()
+
+
+def test_index_tensors_are_made_once_per_device_and_once_per_fake_mode():
+    """device.on_device keeps what it made: one real tensor per (key, device) for the process,
+    and inside a FakeTensorMode one fake tensor per mode (a chunked kernel asks once a chunk),
+    never a fake tensor outside its mode nor a real one inside it."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from del_megatron.device import int_tensor, on_device
+
+    made = []
+
+    def make(device):
+        made.append(device)
+        return int_tensor((4, 5, 6, 1))(device)
+
+    key = ("test_index_tensors_are_made_once", id(made))
+    cpu = torch.device("cpu")
+    real = on_device(key, cpu, make)
+    assert on_device(key, cpu, make) is real and len(made) == 1
+    first, second = FakeTensorMode(), FakeTensorMode()
+    with first:
+        fake = on_device(key, cpu, make)
+        assert isinstance(fake, FakeTensor) and on_device(key, cpu, make) is fake
+    with second:
+        other = on_device(key, cpu, make)
+        assert isinstance(other, FakeTensor) and other is not fake
+    assert len(made) == 3
+    assert on_device(key, cpu, make) is real and real.tolist() == [4, 5, 6, 1]
