@@ -22,10 +22,10 @@ def on_device(
 ) -> torch.Tensor:
     """make(device), made once per (key, device) and kept; callers must not write into it.
     `make` should fill its tensor on the device with scalar fills (int_tensor), which copy
-    nothing from the host, so even the first call does not sync. Not kept while tensors are
-    fake (FakeTensorMode), traced by torch.compile or captured into a CUDA graph: each call
-    makes its own there, except that fake tensors are kept for as long as their FakeTensorMode
-    (a chunked kernel asks for the same index tensors once a chunk)."""
+    nothing from the host, so even the first call does not sync. Not kept while traced by
+    torch.compile or captured into a CUDA graph: each call makes its own there. Fake tensors
+    (FakeTensorMode) are kept by their mode, for as long as it lives (a chunked kernel asks for
+    the same index tensors once a chunk)."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     made = _store(device)
@@ -49,12 +49,7 @@ def _store(device: torch.device) -> Optional[Dict[Tuple, torch.Tensor]]:
     mode = detect_fake_mode()
     if mode is None:
         return _MADE
-    if not hasattr(mode, _FAKE_STORE):
-        setattr(mode, _FAKE_STORE, {})
-    return getattr(mode, _FAKE_STORE)
-
-
-_FAKE_STORE = "_del_megatron_made"
+    return vars(mode).setdefault("_del_megatron_made", {})
 
 
 def int_tensor(values: Tuple[int, ...]) -> Callable[[torch.device], torch.Tensor]:
