@@ -200,6 +200,7 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
 
     inplace = dtype_name == "fp32"  # what Megatron's own CE does to fp32 logits
+    layout = dm.VocabParallelLayout(tp_group=group)
 
     def megatron_ce(labels, logits):
         return tensor_parallel.vocab_parallel_cross_entropy(logits, labels.t().contiguous()).t()
@@ -210,7 +211,7 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     def ours(loss, vocab=VOCAB, slot_logits="any", **how):
         how.setdefault("inplace", inplace)
         cfg = dm.NumericalLossConfig(loss=loss, alpha=ALPHA, vocab=vocab, slot_logits=slot_logits)
-        return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, group, **how)
+        return lambda labels, logits: dm.numerical_lm_loss(labels, logits, cfg, layout, **how)
 
     impls = {"megatron_ce": megatron_ce, "megatron_fused": megatron_fused}
     te_ce = _te_parallel_cross_entropy() if device.type == "cuda" else None
@@ -231,7 +232,7 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
     impls["del_chunked_length"] = ours("del", vocab=CHUNKED_VOCAB, slot_logits="length")
     if dtype_name == "fp32":
         impls["del_copy"] = ours("del", inplace=False)
-    impls["ce_arm"] = _ce_arm(group, inplace)
+    impls["ce_arm"] = _ce_arm(layout, inplace)
     if tp == 1:
         impls["del_naive"] = _naive_del
         if _have_ntloss():
@@ -242,14 +243,14 @@ def loss_implementations(dtype_name: str, tp: int, group, device: torch.device):
 CE_CFG = dm.NumericalLossConfig(loss="ce", alpha=ALPHA, vocab=VOCAB)
 
 
-def _ce_arm(group, inplace: bool):
+def _ce_arm(layout, inplace: bool):
     """The A/B's control arm (--numerical-loss ce) per micro-batch, materialised: the parts, the
     per-token loss the model returns, and the digit metrics its telemetry logs (all computed in
     the timed forward; nothing read on the host)."""
     from del_megatron.megatron.telemetry import digit_stats
 
     def fn(labels, logits):
-        parts = dm.loss_parts(labels, logits, CE_CFG, group, inplace=inplace)
+        parts = dm.loss_parts(labels, logits, CE_CFG, layout, inplace=inplace)
         _METRICS[:] = digit_stats(torch.ones(labels.shape, device=labels.device), parts)
         return parts.token_loss(CE_CFG.token_weight)
 
@@ -307,13 +308,14 @@ LINEAR_ROUTES = {
 def linear_implementations(tp: int, group):
     """name -> fn(labels, hidden [s, b, h], weight [V/tp, h]) returning a [b, s] loss."""
     cfg = dm.NumericalLossConfig(loss="del", alpha=ALPHA, vocab=VOCAB)
+    layout = dm.VocabParallelLayout(tp_group=group)
 
     def materialised(labels, hidden, weight):
         if tp > 1:
             from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
 
             hidden = copy_to_tensor_model_parallel_region(hidden)
-        return dm.numerical_lm_loss(labels, torch.matmul(hidden, weight.t()), cfg, group)
+        return dm.numerical_lm_loss(labels, torch.matmul(hidden, weight.t()), cfg, layout)
 
     def logits_free(route):
         def fn(labels, hidden, weight):
@@ -321,24 +323,22 @@ def linear_implementations(tp: int, group):
             # proportional to it (here loss.sum()), so the gradients are formed in forward
             mask = torch.ones(labels.shape, device=labels.device)
             return dm.numerical_linear_loss(
-                hidden, weight, labels, cfg, group, loss_mask=mask, weight_gradient=route
+                hidden, weight, labels, cfg, layout, loss_mask=mask, weight_gradient=route
             )
 
         return fn
 
     def recompute(labels, hidden, weight):
-        return dm.numerical_linear_loss(
-            hidden, weight, labels, cfg, dm.VocabParallelLayout(tp_group=group)
-        )
+        return dm.numerical_linear_loss(hidden, weight, labels, cfg, layout)
 
     impls = {"linear_materialised": materialised}
     impls.update({name: logits_free(route) for name, route in LINEAR_ROUTES.items()})
     impls["linear_recompute"] = recompute
-    impls.update(_linear_ce_arm(tp, group))
+    impls.update(_linear_ce_arm(tp, layout))
     return impls
 
 
-def _linear_ce_arm(tp: int, group):
+def _linear_ce_arm(tp: int, layout):
     """The control arm (--numerical-loss ce) logits-free, and stock Megatron-LM's loss on the
     same output layer: name -> fn(labels, hidden, weight)."""
     from megatron.core import tensor_parallel
@@ -353,12 +353,12 @@ def _linear_ce_arm(tp: int, group):
 
     def ce(labels, hidden, weight):
         mask = torch.ones(labels.shape, device=labels.device)
-        return dm.numerical_linear_loss(hidden, weight, labels, CE_CFG, group, loss_mask=mask)
+        return dm.numerical_linear_loss(hidden, weight, labels, CE_CFG, layout, loss_mask=mask)
 
     def ce_arm(labels, hidden, weight):
         mask = torch.ones(labels.shape, device=labels.device)
         parts = dm.numerical_linear_loss(
-            hidden, weight, labels, CE_CFG, group, return_parts=True, loss_mask=mask
+            hidden, weight, labels, CE_CFG, layout, return_parts=True, loss_mask=mask
         )
         _METRICS[:] = digit_stats(mask, parts)
         return parts.token_loss(CE_CFG.token_weight)
