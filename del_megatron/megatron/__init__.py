@@ -9,7 +9,9 @@ register, enable), capture (the forward in progress), groups (process groups), l
 loss function and the weight a step puts on the term), accounting (a step's digit targets),
 telemetry (report entries), refusals (what is refused, and how), logits_free, resume (a --load
 of other settings), and one module per framework: lm (Megatron-LM), bridge, nemo, with
-pretrain_gpt_del (the drop-in script). `python -m tests.test_imports` prints the graph.
+entry (Megatron-LM's pretrain scripts run with the losses: one mechanism) and the drop-in
+scripts pretrain_gpt_del, pretrain_hybrid_del and pretrain_mamba_del.
+`python -m tests.test_imports` prints the graph.
 """
 
 from .accounting import DigitAccounting

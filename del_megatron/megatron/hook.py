@@ -77,6 +77,10 @@ def _check_model_once(module: Any) -> None:
         refusals.one_line(refusals.check_model_once)(module)
     else:
         refusals.check_model_once(module)
+    cfg = reg.of_model(module)
+    if cfg is not None:  # which model the loss is on (GPTModel, HybridModel, MambaModel, ...)
+        name = type(module).__qualname__
+        reg.log_once(f"model {name}", "del_megatron: %s's loss is %s", name, cfg.loss)
 
 
 def _compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -57,13 +57,24 @@ def check_core_supports() -> None:
 
 
 def check_model_supports(model: Any, forward_takes_output_processor: bool) -> None:
-    """Refuse a model class whose forward takes no output_processor (e.g. Mamba/hybrid)."""
+    """Refuse a model whose forward takes no output_processor (e.g. Mamba/hybrid)."""
     if not forward_takes_output_processor:
-        raise ValueError(
-            f"{type(model).__qualname__}.forward takes no output_processor, so it cannot run "
-            "the loss logits-free (GPTModel on megatron-core >= "
-            f"{MIN_CORE[0]}.{MIN_CORE[1]} can); turn del_logits_free / --del-logits-free off"
-        )
+        raise ValueError(_no_output_processor(type(model).__qualname__))
+
+
+def check_model_class_supports(model_class: type) -> None:
+    """The same refusal from the model's class, before any model is built (the hybrid
+    scripts' HybridModel and MambaModel)."""
+    if not takes_output_processor(capture.original_forward(model_class)):
+        raise ValueError(_no_output_processor(model_class.__qualname__))
+
+
+def _no_output_processor(name: str) -> str:
+    return (
+        f"{name}.forward takes no output_processor, so it cannot run the loss logits-free "
+        f"(GPTModel on megatron-core >= {MIN_CORE[0]}.{MIN_CORE[1]} can); turn "
+        "del_logits_free / --del-logits-free off"
+    )
 
 
 def check_no_bias(output_layer: Any) -> None:
