@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -83,8 +83,16 @@ class Trainer:
     run share it. `launch`: what follows torchrun's (or python's) options, before the flags: the
     script's path, or "-m" and the module."""
 
-    def __init__(self, variant: str, tree: Path, launch: List[str], workdir: Path) -> None:
+    def __init__(
+        self,
+        variant: str,
+        tree: Path,
+        launch: List[str],
+        workdir: Path,
+        env: Optional[Dict[str, str]] = None,
+    ) -> None:
         self.variant, self.tree, self.launch, self.workdir = variant, tree, launch, workdir
+        self.env = env
         self._runs: Dict[str, Run] = {}
 
     def path(self, name: str) -> Path:
@@ -94,7 +102,7 @@ class Trainer:
         if name not in self._runs:
             log = self.workdir / f"{name}.log"
             first, *rest = self.launch  # run_pretrain puts `first` where torchrun takes a script
-            self._runs[name] = run_pretrain(self.tree, first, [*rest, *flags], nproc, log)
+            self._runs[name] = run_pretrain(self.tree, first, [*rest, *flags], nproc, log, self.env)
         return self._runs[name]
 
 

@@ -188,11 +188,14 @@ def tensorboard_scalars(folder: Path) -> Dict[str, List[tuple]]:
     }
 
 
-def cpu_environment() -> Dict[str, str]:
-    """The environment of a CPU job: del_megatron.cpu's start-up hook in every process."""
+def cpu_environment(*path: Union[str, Path]) -> Dict[str, str]:
+    """The environment of a CPU job: del_megatron.cpu's start-up hook in every process, and
+    the folders `path` on PYTHONPATH (a test fixture's, for Megatron-LM's `--spec`)."""
     from del_megatron.cpu.training import job_environment
 
-    return job_environment(dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = job_environment(dict(os.environ, PYTHONUNBUFFERED="1"))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], *map(str, path)])
+    return env
 
 
 def run_pretrain(
@@ -201,9 +204,10 @@ def run_pretrain(
     flags: Sequence[str],
     nproc: int = 2,
     log_path: Optional[Path] = None,
+    env: Optional[Dict[str, str]] = None,
 ) -> Run:
     """torchrun `script` (a path, or "-m" with the module first in `flags`) from the Megatron-LM
-    `tree` with `flags` on CPU (gloo)."""
+    `tree` with `flags` on CPU (gloo), in `env` (default: cpu_environment())."""
     command = [
         sys.executable, str(PEAK_RSS_SCRIPT),
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
@@ -212,7 +216,7 @@ def run_pretrain(
     done = subprocess.run(
         command,
         cwd=tree,
-        env=cpu_environment(),
+        env=env or cpu_environment(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
