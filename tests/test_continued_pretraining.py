@@ -50,6 +50,7 @@ def test_every_model_example_is_covered():
         "llama2-7b.sh",
         "llama3.1-8b.sh",
         "mistral-7b.sh",
+        "nemotron-h-8b.sh",
         "qwen2.5-7b.sh",
     }
 

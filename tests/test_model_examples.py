@@ -1,8 +1,9 @@
 """docker/examples' argument sets describe the models they name: each set's flags, as the script
-hands them to pretrain_gpt.py, go through Megatron-LM's own parse_args and validate_args (with
-our flags), become a TransformerConfig by Megatron-LM's core_transformer_config_from_args, and
-build a GPTModel on the meta device; its parameter count and shapes are held to the published
-Hugging Face configs (megatron-core 0.19's megatron.training: collected where it imports)."""
+hands them to pretrain_gpt.py (pretrain_hybrid.py for Nemotron-H), go through Megatron-LM's own
+parse_args and validate_args (with our flags), become a TransformerConfig by Megatron-LM's
+core_transformer_config_from_args, and build a GPTModel (HybridModel) on the meta device; its
+parameter count and shapes are held to the published Hugging Face configs (megatron-core 0.19's
+megatron.training: collected where it imports)."""
 
 import os
 import sys
@@ -87,7 +88,7 @@ def megatron_args(script: str, tmp_path, monkeypatch):
         FROM_SCRATCH="1",
     )
     assert code == 0, stderr
-    flags = argv[1:]
+    flags = argv[2:] if argv[0] == "-m" else argv[1:]  # a drop-in module, or the script
     tp = int(flags[flags.index("--tensor-model-parallel-size") + 1])
     pp = int(flags[flags.index("--pipeline-model-parallel-size") + 1])
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *flags])
@@ -145,3 +146,129 @@ def test_argument_set_builds_the_published_model(script, tmp_path, monkeypatch, 
     # Megatron-LM pads the vocabulary to a multiple of 128 x TP; the converted checkpoint too
     padded = -(-want["vocab"] // (128 * args.tensor_model_parallel_size))
     assert padded * 128 * args.tensor_model_parallel_size - want["vocab"] < 512
+
+
+class GatedRMSNormWeights(torch.nn.Module):
+    """The parameters of mamba_ssm's gated RMSNorm (ops/triton/layernorm_gated.RMSNorm): one
+    weight of `hidden_size`, no bias; its forward (a Triton kernel) is never run here."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps=1e-5,
+        group_size=None,
+        norm_before_gate=True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+
+
+# nvidia/Nemotron-H-8B-Base-8K's config.json and its checkpoint's parameter count: 52 layers of
+# the pattern below (24 Mamba-2, 4 attention, 24 MLP), untied embeddings, no vocab padding.
+NEMOTRON_H_8B = dict(
+    params=8_100_852_736,
+    vocab=131072,
+    pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    mamba=dict(heads=128, head_dim=64, state=128, groups=8),
+    kv_heads=8,
+    ffn=21504,
+    eps=1e-5,
+)
+
+
+def test_the_nemotron_h_argument_set_builds_the_published_model(tmp_path, monkeypatch, one_rank):
+    """HybridModel from docker/examples/nemotron-h-8b.sh's flags, with Megatron-Core's local
+    modules where its own spec has Transformer Engine's (the same parameters: TE's fused
+    norm-and-linear holds the norm's weight). MambaMixer needs mamba_ssm only for its gated
+    RMSNorm (a Triton kernel, not installed here): GatedRMSNormWeights stands in for it with
+    the same parameter."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.hybrid import hybrid_block
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.ssm import mamba_mixer
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mlp_layer import MLPLayer
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    from del_megatron.cpu import install, seed
+
+    want = NEMOTRON_H_8B
+    args = megatron_args("nemotron-h-8b.sh", tmp_path, monkeypatch)
+    assert args.hybrid_layer_pattern == want["pattern"] and args.num_layers == 52
+    assert (args.mamba_num_heads, args.mamba_head_dim) == (128, 64)
+    assert (args.mamba_state_dim, args.mamba_num_groups) == (128, 8)
+    assert args.num_query_groups == want["kv_heads"] and args.ffn_hidden_size == want["ffn"]
+    assert args.squared_relu and args.normalization == "RMSNorm" and args.layernorm_epsilon == 1e-5
+    assert args.position_embedding_type == "none" and args.untie_embeddings_and_output_weights
+    assert args.numerical_loss == "del"
+    config = core_transformer_config_from_args(args)
+    config.tensor_model_parallel_size = config.pipeline_model_parallel_size = 1
+    config.sequence_parallel = config.persist_layer_norm = False
+    config.gradient_accumulation_fusion = False
+    config.use_cpu_initialization, config.perform_initialization = True, False
+    local = get_gpt_layer_local_spec(normalization="RMSNorm").submodules
+    norm = local.input_layernorm
+    monkeypatch.setattr(hybrid_block, "TENorm", norm)  # the stack's final norm
+    monkeypatch.setattr(mamba_mixer, "HAVE_MAMBA_SSM", True)
+    monkeypatch.setattr(mamba_mixer, "ExtendedRMSNorm", GatedRMSNormWeights)
+    install()
+    seed(1)
+    mamba = ModuleSpec(
+        module=MambaLayer,
+        submodules=MambaLayerSubmodules(
+            norm=norm,
+            mixer=ModuleSpec(
+                module=mamba_mixer.MambaMixer,
+                submodules=mamba_mixer.MambaMixerSubmodules(
+                    in_proj=ColumnParallelLinear, out_proj=RowParallelLinear
+                ),
+            ),
+            mamba_bda=local.self_attn_bda,
+        ),
+    )
+    attention = TransformerLayerSubmodules(
+        input_layernorm=norm, self_attention=local.self_attention, self_attn_bda=local.self_attn_bda
+    )
+    mlp = TransformerLayerSubmodules(
+        pre_mlp_layernorm=local.pre_mlp_layernorm, mlp=local.mlp, mlp_bda=local.mlp_bda
+    )
+    stack = ModuleSpec(
+        module=hybrid_block.HybridStack,
+        submodules=hybrid_block.HybridStackSubmodules(
+            mamba_layer=mamba,
+            attention_layer=ModuleSpec(module=TransformerLayer, submodules=attention),
+            mlp_layer=ModuleSpec(module=MLPLayer, submodules=mlp),
+        ),
+    )
+    with torch.device("meta"):
+        model = HybridModel(
+            config,
+            stack,
+            vocab_size=want["vocab"],
+            max_sequence_length=args.max_position_embeddings,
+            hybrid_layer_pattern=args.hybrid_layer_pattern,
+            share_embeddings_and_output_weights=False,
+            position_embedding_type=args.position_embedding_type,
+            pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
+        )
+    d_inner = want["mamba"]["heads"] * want["mamba"]["head_dim"]
+    layers = model.decoder.layers
+    mixers = [layer.mixer for layer in layers if isinstance(layer, MambaLayer)]
+    assert len(mixers) == want["pattern"].count("M") == 24
+    assert sum(isinstance(layer, MLPLayer) for layer in layers) == 24
+    assert sum(p.numel() for p in model.parameters()) == want["params"]
+    assert mixers[0].norm.weight.shape == (d_inner,)
+    groups, state = want["mamba"]["groups"], want["mamba"]["state"]
+    heads = want["mamba"]["heads"]
+    assert mixers[0].in_proj.weight.shape == (2 * d_inner + 2 * groups * state + heads, 4096)
+    assert model.output_layer.weight.shape == (want["vocab"], 4096)
+    assert want["vocab"] % (128 * args.tensor_model_parallel_size) == 0  # no padding

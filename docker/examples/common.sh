@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Shared by the model examples: runs Megatron-LM's patched pretrain_gpt.py through the launcher.
+# Shared by the model examples: runs Megatron-LM's patched pretrain_gpt.py through the launcher,
+# or with PRETRAIN_MODULE set the drop-in module it names (the hybrid models' pretrain_hybrid_del).
 # Usage (from an example): run_pretrain <launcher> <model flags...>
 #
 # Where the weights come from (docs/continued-pretraining.md):
@@ -47,7 +48,13 @@ run_pretrain() {
   local data=${DATA_PATH:?set DATA_PATH to a Megatron indexed dataset prefix}
   local ckpt=${CHECKPOINT_DIR:?set CHECKPOINT_DIR (saved to and resumed from)}
   choose_start "$ckpt"
-  "$launcher" "${MEGATRON_LM_DIR:-/opt/Megatron-LM}/pretrain_gpt.py" \
+  local megatron_lm=${MEGATRON_LM_DIR:-/opt/Megatron-LM} script
+  script=("$megatron_lm/pretrain_gpt.py")
+  if [ -n "${PRETRAIN_MODULE:-}" ]; then  # a drop-in finds the checkout by MEGATRON_LM_DIR
+    export MEGATRON_LM_DIR=$megatron_lm
+    script=(-m "$PRETRAIN_MODULE")
+  fi
+  "$launcher" "${script[@]}" \
     "$@" \
     --data-path "$data" --split 99,1,0 \
     --micro-batch-size 1 --global-batch-size "${GLOBAL_BATCH_SIZE:-256}" \
