@@ -165,7 +165,7 @@ def test_the_printed_flags_weigh_the_mean_digit_term_by_alpha(prepared, capsys, 
     digit_ids, vocab_size = _sp_digit_ids(tokenizer)
     out = _check(capsys, tokenizer, prefix, extra=["--alpha", "0.2"])
     assert out.count("alpha is the weight on the mean term over digit targets") == 1
-    digit_route = _flags(out, "add to pretrain_gpt.py: ")
+    digit_route = _flags(out, "add to pretrain_gpt.py or pretrain_hybrid.py: ")
     token_route = _flags(out, "or the token route")
     assert "--del-reduction digit" in " ".join(digit_route)
     share = float(token_route[token_route.index("--del-digit-share") + 1])

@@ -81,7 +81,9 @@ def test_check_refuses_a_weight_that_is_not_finite(tmp_path):
 def test_check_takes_a_weight_of_zero_and_refuses_inf(capsys):
     assert main(["check", "--tokenizer", SENTENCEPIECE, "--alpha", "0"]) == 0
     flags = capsys.readouterr().out.splitlines()[-1]
-    assert flags.startswith("add to pretrain_gpt.py: --numerical-loss del --del-alpha 0 --del-")
+    assert flags.startswith(
+        "add to pretrain_gpt.py or pretrain_hybrid.py: --numerical-loss del --del-alpha 0 --del-"
+    )
     assert main_error(["check", "--tokenizer", SENTENCEPIECE, "--alpha", "inf"], capsys) == (
         "del-megatron check: error: argument --alpha: must be a finite number >= 0, got inf "
         "(a negative weight trains against the target)"
@@ -91,7 +93,9 @@ def test_check_takes_a_weight_of_zero_and_refuses_inf(capsys):
 def test_check_prints_the_digit_ce_controls_flags(capsys):
     assert main(["check", "--tokenizer", SENTENCEPIECE, "--loss", "digit_ce"]) == 0
     flags = capsys.readouterr().out.splitlines()[-1]
-    assert flags.startswith("add to pretrain_gpt.py: --numerical-loss digit_ce --del-alpha 0.1 ")
+    assert flags.startswith(
+        "add to pretrain_gpt.py or pretrain_hybrid.py: --numerical-loss digit_ce --del-alpha 0.1 "
+    )
 
 
 def test_demo_refuses_a_learning_rate_that_is_not_finite(tmp_path):
@@ -163,7 +167,7 @@ def test_check_reads_gpt2bpetokenizer_files_with_exit_codes_1_and_0(tmp_path, gp
     refused = cli(tmp_path, "check", *files)
     assert refused.returncode == 1
     assert refused.stdout.startswith("this Tokenizer merges digits into multi-digit tokens")
-    assert "add to pretrain_gpt.py" not in refused.stdout
+    assert "add to pretrain_gpt.py or pretrain_hybrid.py" not in refused.stdout
     allowed = cli(tmp_path, "check", *files, "--allow-multi-digit-tokens")
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout.startswith(

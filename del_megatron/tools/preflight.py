@@ -18,6 +18,7 @@ from ..config import DEFAULT_ALPHA
 from ..digits.data_share import DEFAULT_SAMPLE_TOKENS, BlendShare, DatasetShare, blend_share
 from ..digits.tokenizer_types import NO_TEXT_TYPES, read_as_megatron
 from ..digits.tokenizers import (
+    MEGATRON_TIKTOKEN_PATTERNS,
     QWEN_RANKS,
     MultiDigitTokens,
     OffsetEncoding,
@@ -66,9 +67,17 @@ CHUNKING = AlphaAdvice(
     DEFAULT_ALPHA,
     _NO_RUN,
 )
-TEKKEN = AlphaAdvice("tekken (Mistral NeMo and later)", DEFAULT_ALPHA, _NO_RUN)
+TEKKEN = AlphaAdvice(
+    "tekken's split (Mistral NeMo and later; NVIDIA's Nemotron-H and Nemotron-Nano-v2 tokenizer, "
+    "Megatron-LM's TikTokenizer pattern v2), one digit a token",
+    DEFAULT_ALPHA,
+    _NO_RUN,
+)
 BYTE_LEVEL_BPE = AlphaAdvice("byte-level BPE, one digit a token", DEFAULT_ALPHA, _NO_RUN)
 UNKNOWN = AlphaAdvice("not recognised", DEFAULT_ALPHA, _NO_RUN)
+# Mistral's tekken split, which Megatron-LM's TikTokenizer takes as pattern v2 and NVIDIA's
+# Nemotron-H tokenizer uses: one digit a token.
+TEKKEN_PATTERN = MEGATRON_TIKTOKEN_PATTERNS["v2"]
 # Added tokens that name a byte-level BPE's family (Qwen's chat markers, DeepSeek's BOS).
 QWEN_MARKERS = ("<|im_start|>",)
 DEEPSEEK_MARKERS = ("<\uff5cbegin\u2581of\u2581sentence\uff5c>",)
@@ -77,6 +86,27 @@ DEEPSEEK_MARKERS = ("<\uff5cbegin\u2581of\u2581sentence\uff5c>",)
 def _added_tokens(tok: Any) -> List[str]:
     get = getattr(tok, "get_added_tokens_decoder", None)
     return [t.content for t in get().values()] if callable(get) else []
+
+
+def _split_patterns(spec: str) -> List[str]:
+    """The Split regexes of a tokenizer.json's pre-tokenizer (nested in Sequences)."""
+    import json
+
+    found: List[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            pattern = node.get("pattern")
+            if node.get("type") == "Split" and isinstance(pattern, dict) and "Regex" in pattern:
+                found.append(pattern["Regex"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(spec).get("pre_tokenizer"))
+    return found
 
 
 def alpha_advice(tok: Any, chunked: bool = False) -> AlphaAdvice:
@@ -89,8 +119,14 @@ def alpha_advice(tok: Any, chunked: bool = False) -> AlphaAdvice:
     if isinstance(tok, OffsetEncoding):
         return TEKKEN
     if hasattr(tok, "encode_ordinary"):  # a rank file read with Qwen's pattern, or Megatron's
+        if getattr(tok, "_pat_str", None) == TEKKEN_PATTERN:
+            return TEKKEN
         return QWEN if getattr(tok, "n_vocab", 0) == QWEN_RANKS else BYTE_LEVEL_BPE
     if hasattr(tok, "to_str"):  # Hugging Face tokenizer.json
+        # tekken's split first: Nemotron 3 names its ids 10 and 11 <|im_start|> / <|im_end|>,
+        # Qwen's chat markers
+        if TEKKEN_PATTERN in _split_patterns(tok.to_str()):
+            return TEKKEN
         added = _added_tokens(tok)
         if any(m in added for m in QWEN_MARKERS):
             return QWEN
@@ -369,7 +405,7 @@ def report(
         if result.chunked:
             lines.append(CHUNKED_EVIDENCE)
         lines.append(WEIGHT_MEANING)
-        lines.append(f"add to pretrain_gpt.py: {result.flags(loss, alpha)}")
+        lines.append(f"add to pretrain_gpt.py or pretrain_hybrid.py: {result.flags(loss, alpha)}")
         if data is not None:
             lines += share_lines(result, data, loss, alpha)
     return "\n".join(lines)
