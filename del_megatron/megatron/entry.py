@@ -149,7 +149,8 @@ def run(script: Script) -> None:
             **common,
         )
     else:  # core <= 0.17
-        model_provider = lm.wrap_model_provider(base_provider, get_args, get_tokenizer)
+        check = partial(check_model_class, module, script)
+        model_provider = lm.wrap_model_provider(base_provider, get_args, get_tokenizer, check)
         pretrain(
             datasets,
             model_provider,
@@ -165,10 +166,13 @@ def run(script: Script) -> None:
 def check_model_class(module: types.ModuleType, script: Script, args: Any) -> None:
     """Refuse, before any model is built, what the script's model class cannot run: the
     logits-free loss on a model whose forward takes no output_processor (HybridModel and
-    MambaModel), in one line on rank 0."""
+    MambaModel), in one line on rank 0. GPTModel's is refused by the megatron-core it needs
+    (refusals.check_megatron_settings)."""
     from . import logits_free, refusals
 
     model_class = getattr(module, script.model_class, None)
+    if script.model_class == "GPTModel":  # its refusal names the megatron-core it needs
+        return
     if getattr(args, "del_logits_free", False) and model_class is not None:
         refusals.one_line(logits_free.check_model_class_supports)(model_class)
 

@@ -168,14 +168,22 @@ def destroy_process_groups() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model_provider(model_provider: Callable, get_args: Callable, get_tokenizer: Callable):
+def wrap_model_provider(
+    model_provider: Callable,
+    get_args: Callable,
+    get_tokenizer: Callable,
+    check_args: Optional[Callable[[Any], None]] = None,
+):
     """model_provider(*a, **kw) that first configures and registers the numerical loss (the
-    tokenizer exists by then) and then checks the model config (refusals.check_model_config)."""
+    tokenizer exists by then; `check_args(args)` before it) and then checks the model config
+    (refusals.check_model_config)."""
 
     @functools.wraps(model_provider)
     def provider(*args, **kwargs):
         cfg = reg.run_config()
         if cfg is None:  # once per run (virtual pipeline stages call the provider per chunk)
+            if check_args is not None:
+                check_args(get_args())
             cfg = register_from_args(get_args(), get_tokenizer())
         model = model_provider(*args, **kwargs)
         if cfg is not None:
