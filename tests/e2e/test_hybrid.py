@@ -10,7 +10,8 @@ core_v0.18.0 the pattern ends in an MTP depth (`/*-`). Mamba layers (`M`) need m
 kernels and are not built here (docs/megatron-lm.md).
 
 Every tree: the DEL arm trains, lm loss = ce + w x term at iteration 1, every entry finite, the
-MTP head's digit entries. The environment's newest tag (core_v0.16.1's pretrain_mamba.py,
+MTP head's digit entries; on the trees but the newest, its first MLP is a MoE layer, with
+sequence parallelism. The environment's newest tag (core_v0.16.1's pretrain_mamba.py,
 core_v0.19.0's pretrain_hybrid.py) also runs the stock script and the control arm (equal at
 every step), a resume from iteration 5 (through pretrain_mamba_del from core_v0.18.0: the
 wrapper's route trains the same model), and the refusal of --del-logits-free, naming the model
@@ -70,16 +71,22 @@ def builds_mtp(tree: Path) -> bool:
     return is_hybrid(tree) and "is_inference_column_parallel_linear(" not in mtp.read_text()
 
 
-def model_flags(tree: Path) -> list:
-    """The tiny model: attention and MLP layers twice (and an MTP depth where HybridModel's
-    pattern takes one), no position embedding (as Nemotron-H), the fixture's spec."""
+def model_flags(tree: Path, moe: bool = False) -> list:
+    """The tiny model: attention and MLP layers twice (the first MLP a MoE of 4 experts, top 2,
+    with sequence parallelism, which Megatron-LM asks of MoE under TP, where `moe`), and an MTP
+    depth where HybridModel builds one; no position embedding (as Nemotron-H), the fixture's
+    spec."""
     spec = ["--spec", "del_hybrid_spec", "hybrid_stack_spec", "--position-embedding-type", "none"]
+    layers = "*E*-" if moe else "*-*-"
+    if moe:
+        spec += ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
+        spec += ["--sequence-parallel"]
     if builds_mtp(tree):
-        pattern = ["--hybrid-layer-pattern", "*-*-/*-", "--mtp-num-layers", "1"]
+        pattern = ["--hybrid-layer-pattern", f"{layers}/*-", "--mtp-num-layers", "1"]
     elif is_hybrid(tree):
-        pattern = ["--hybrid-layer-pattern", "*-*-"]
+        pattern = ["--hybrid-layer-pattern", layers]
     else:
-        pattern = ["--num-layers", "4", "--hybrid-override-pattern", "*-*-"]
+        pattern = ["--num-layers", "4", "--hybrid-override-pattern", layers]
     return _TRAINING + MOCK_DATA + TP2 + spec + pattern
 
 
@@ -114,7 +121,8 @@ def arm(hybrid, tag: str, name: str):
     if name == "del" and tag == NEWEST:
         saving = ["--save", str(trainer.path("ckpt")), "--save-interval", "5"]
         saving += ["--ckpt-format", "torch"]
-    run = trainer.run(name, model_flags(trainer.tree) + ARMS[name] + saving)
+    moe = tag != NEWEST  # the other trees' one run: MoE and SP too
+    run = trainer.run(name, model_flags(trainer.tree, moe) + ARMS[name] + saving)
     assert run.returncode == 0 and sorted(run.iterations) == list(range(1, 11)), run.log[-3000:]
     return run
 
