@@ -80,6 +80,15 @@ TOYS = (  # 52: a result whose value is the question's ("remove 15 pounds")
     "30 x .25 = <<30*.25=7.5>>7.5\nHe needs to remove 15 toys because 7.5 / .5 = <<15=15>>15\n"
     "#### 15",
 )
+TEMPERATURES = (  # 490: negative results, restated after ">>" with their minus sign
+    "The highest temperature ever recorded in Southlandia is -48 degrees Fahrenheit. The "
+    "highest temperature ever recorded in Northlandia is 21 degrees Fahrenheit. The highest "
+    "temperature recorded in Midlandia is -3 degrees Fahrenheit. What is the average highest "
+    "temperature of these 3 countries?",
+    "-48 + 21 + (-3) = <<-48+21+(-3)=-30>>-30\n-30/3 = <<-30/3=-10>>-10 degrees\nThe average "
+    "highest temperature recorded in Southlandia, Northlandia, and Midlandia is -10 degrees "
+    "Fahrenheit.\n#### -10",
+)
 
 
 @pytest.mark.parametrize(
@@ -110,8 +119,16 @@ TOYS = (  # 52: a result whose value is the question's ("remove 15 pounds")
             + [("15", COPIED), ("7", OTHER), ("5", OTHER), ("5", OTHER)]
             + [("15", COPIED), ("15", RESTATED), ("15", RESTATED), ("15", RESTATED)],
         ),
+        (
+            TEMPERATURES,
+            [("48", COPIED), ("21", COPIED), ("3", COPIED)]
+            + [("48", COPIED), ("21", COPIED), ("3", COPIED), ("30", COMPUTED)]
+            + [("30", RESTATED), ("30", OTHER), ("3", COPIED)]
+            + [("30", OTHER), ("3", COPIED), ("10", COMPUTED), ("10", RESTATED)]
+            + [("10", OTHER), ("10", RESTATED)],
+        ),
     ],
-    ids=["lemons-12", "jewelry-15", "book-24", "toys-52"],
+    ids=["lemons-12", "jewelry-15", "book-24", "toys-52", "temperatures-490"],
 )
 def test_hand_labelled_gsm8k_solutions(problem, expected):
     assert classes_by_number(*problem) == expected

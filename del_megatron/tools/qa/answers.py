@@ -5,8 +5,8 @@ The classes (docs/results.md defines them; a number's digits share its class):
 
 - COMPUTED: a digit of an annotation's result (after the last `=` inside `<< >>`) whose value
   has not appeared as a number earlier in the question or in the answer so far;
-- RESTATED: every other annotation result, the number right after an annotation's `>>`, and
-  everything after `####`;
+- RESTATED: every other annotation result, the number right after an annotation's `>>` (with
+  its minus sign: `<<...=-30>>-30`), and everything after `####`;
 - COPIED: a number whose value appears as a number in the question;
 - OTHER: the rest (results written outside annotations, "X = $26", included).
 
@@ -62,12 +62,13 @@ def digit_classes(question: str, answer: str) -> List[Optional[str]]:
     for match in _NUMBER.finditer(answer):
         value, start = _value(match.group()), match.start()
         in_result = any(lo <= start < hi for lo, hi in results)
+        signed = start > 0 and answer[start - 1] == "-"
         if final >= 0 and start > final:
             cls = RESTATED
         elif in_result:
             cls = RESTATED if value in seen else COMPUTED
-        elif start in after_annotation:
-            cls = RESTATED
+        elif start in after_annotation or (start - 1 in after_annotation and signed):
+            cls = RESTATED  # right after ">>", its minus sign too ("<<...=-30>>-30")
         else:
             cls = COPIED if value in in_question else OTHER
         seen.add(value)
