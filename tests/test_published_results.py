@@ -76,3 +76,31 @@ def test_the_readme_quotes_the_published_primary_metric():
         row = RESULTS["comparisons"][title][report.PRIMARY_CLASS]["seeds"]
         quoted = f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]"
         assert quoted in text, (title, quoted)
+
+
+def _leaves(tree, prefix=()) -> dict:
+    """{path: value} of a nested dict's leaves."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in _leaves(sub, prefix + (key,)).items()}
+
+
+def test_the_published_runs_read_back_give_the_published_report(tmp_path):
+    """compare-qa --published: the control sweep's files read back as runs (per-problem rows
+    rebuilt from the counts) and reported again give its summary and comparisons, every
+    interval equal."""
+    from del_megatron.tools.qa import published
+
+    path = ROOT / "docs" / "results" / "gsm8k_smollm2_control.json"
+    runs = published.load(str(path))
+    assert {arm: sorted(r) for arm, r in runs.items()} == {
+        arm: sorted(int(s) for s in r) for arm, r in RESULTS["per_seed"].items()
+    }
+    report.write(str(tmp_path), runs, RESULTS["seeds_compared"])
+    again = json.loads((tmp_path / "results.json").read_text())
+    for key in ("comparisons", "summary"):
+        got, want = _leaves(again[key]), _leaves(RESULTS[key])
+        assert got.keys() == want.keys(), key
+        assert got == pytest.approx(want, abs=1e-12, nan_ok=True), key
+    written = json.loads((tmp_path / "problem_counts.json").read_text())
+    assert written == COUNTS

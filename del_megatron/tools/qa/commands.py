@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable
+from typing import Callable, Dict
 
 # docs/results.md's SmolLM2-135M / GSM8K comparison, declared before its runs: cross-entropy,
 # the control digit_ce at DEL's weight and at the weight whose extra gradient on the digit
@@ -43,7 +43,7 @@ def _score_qa(args) -> int:
 
 
 def _compare_qa(args) -> int:
-    from . import report
+    from . import published, report
     from .finetune import Schedule
     from .sweep import Sweep
 
@@ -68,11 +68,17 @@ def _compare_qa(args) -> int:
         args.threads,
         keys,
     )
+    done: Dict[str, Dict[int, dict]] = {}
+    for path in args.published:
+        for arm, runs in published.load(path).items():
+            done.setdefault(arm, {}).update(runs)
     try:
-        results = sweep.all(args.losses, args.seeds)
+        results = sweep.all(args.losses, args.seeds, done)
     except RuntimeError as failed:  # a stage's own log has the details
         print(f"del-megatron compare-qa: {failed}", file=sys.stderr)
         return 1
+    for arm, runs in done.items():  # the published runs, beside this sweep's own
+        results[arm] = {**runs, **results.get(arm, {})}
     print(report.write(args.out, results, args.seeds))
     return 0
 
@@ -208,6 +214,15 @@ def add_commands(sub, arm: Callable, positive: Callable, existing: Callable) -> 
         type=positive,
         default=384,
         help="tokens; longer training problems are left out",
+    )
+    compare.add_argument(
+        "--published",
+        nargs="+",
+        default=[],
+        type=existing("published results.json", want_file=True),
+        metavar="RESULTS_JSON",
+        help="runs already published (a results.json with its _problems.json beside it, of the "
+        "same model, data and schedule): taken as done, and in the report",
     )
     compare.add_argument("--nproc", type=positive, default=1, help="tensor-parallel processes")
     compare.add_argument(

@@ -195,15 +195,24 @@ class Sweep:
         finally:
             self._release(folder)
 
-    def all(self, arms: Sequence[Arm], seeds: Sequence[int]) -> Dict[str, Dict[int, dict]]:
-        """Every stage not done (and not held by another sweep); {arm: {seed: score}}, and
-        "base": {0: score}, for the runs finished so far."""
+    def all(
+        self,
+        arms: Sequence[Arm],
+        seeds: Sequence[int],
+        done: Optional[Dict[str, Dict[int, dict]]] = None,
+    ) -> Dict[str, Dict[int, dict]]:
+        """Every stage not done (and not held by another sweep, nor among the runs `done`
+        elsewhere: {arm: {seed: score}}); {arm: {seed: score}}, and "base": {0: score}, for the
+        runs this folder finished so far."""
+        done = done or {}
         self.check_settings()
         self.converted()
         base = os.path.join(self.out, "base")
         todo = [("base", 0, base, lambda: self.score(self.hf_model, base))]
         for seed in seeds:
             for arm in arms:
+                if seed in done.get(arm.name, {}):
+                    continue
                 folder = os.path.join(self.out, f"seed-{seed}", arm.name)
                 todo.append((arm.name, seed, folder, lambda a=arm, s=seed: self.run(a, s)))
         results: Dict[str, Dict[int, dict]] = {}
