@@ -63,6 +63,7 @@ def test_the_docs_tables_are_the_published_numbers():
         "shape": report.table(summary, SHAPE),
         "shape vs ce": report.differences(summary, SHAPE),
         "classes": report.classes_table(comparisons),
+        "shape vs the controls": report.against_controls(RESULTS["per_seed"], SHAPE),
     }
     for name, table in tables.items():
         assert table in text, name

@@ -195,6 +195,28 @@ def differences(summary: Dict[str, dict], metrics: Sequence[tuple] = METRICS) ->
     return "\n".join(lines)
 
 
+def against_controls(per_seed: Dict[str, Dict], metrics: Sequence[tuple] = METRICS) -> str:
+    """Markdown: per numerical arm and digit_ce arm (the declared control pairs), the arm's
+    paired difference from the control over their common seeds [95% Student-t] per metric
+    (`per_seed`: {arm: {seed: score}}, seeds as ints or strings)."""
+    pairs = [(a, c) for a, c in contrasts(list(per_seed)) if c != BASELINE]
+    header = ["vs the control"] + [title for _, title, *_ in metrics]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm, control in pairs:
+        seeds = sorted(set(per_seed[arm]) & set(per_seed[control]), key=int)
+        cells = [f"{arm} vs {control}"]
+        for key, _, fmt, higher in metrics:
+            ours = [per_seed[arm][s].get(key) for s in seeds]
+            theirs = [per_seed[control][s].get(key) for s in seeds]
+            if not (_finite(ours) and _finite(theirs)):
+                cells.append("-")
+                continue
+            row = {"difference": paired_difference(ours, theirs).as_dict()}
+            cells.append(_difference_cell(row, fmt, higher))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _interval(row: dict) -> str:
     return f"{row['mean']:+.4f} [{row['low']:+.4f}, {row['high']:+.4f}]"
 
@@ -292,6 +314,7 @@ def write(
     if compared:
         text += "\n\n" + primary_table(compared, len(pairs))
         text += "\n\n" + classes_table(compared)
+        text += "\n\n" + against_controls(results, METRICS)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(text + "\n")
     shapes: Dict[str, List[dict]] = {arm: list(runs.values()) for arm, runs in results.items()}
