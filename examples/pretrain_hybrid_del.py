@@ -7,7 +7,7 @@ from a Megatron-LM checkout (or with MEGATRON_LM_DIR naming one) these two are t
         --numerical-loss del --del-alpha 0.1
     torchrun ... /path/to/del-megatron/examples/pretrain_hybrid_del.py <the same flags>
 
-docs/megatron-lm.md ("Two ways in") says what it does with each Megatron-LM release.
+docs/megatron-lm.md ("Hybrid models") says what it does with each Megatron-LM release.
 """
 
 from del_megatron.megatron.pretrain_hybrid_del import main
