@@ -20,7 +20,7 @@ import time
 import types
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 # For Megatron-LM's startup timing report, as the scripts take it: before Megatron-LM's imports.
 _PROGRAM_START_TIME = time.time()
@@ -37,7 +37,7 @@ class Script:
     module: str
     model_class: str
     builder: str
-    config_from_args: str
+    config_from_args: Optional[str]
     modelopt_config: str
 
 
@@ -53,7 +53,7 @@ SCRIPTS: Dict[str, Script] = {
         "ModelOptHybridModelConfig",
     ),
     "pretrain_mamba": Script(  # core_v0.16.1's own; later trees' runs pretrain_hybrid.py
-        "pretrain_mamba", "MambaModel", "mamba_builder", "", "ModelOptHybridModelConfig"
+        "pretrain_mamba", "MambaModel", "mamba_builder", None, "ModelOptHybridModelConfig"
     ),
 }
 
@@ -170,9 +170,9 @@ def check_model_class(module: types.ModuleType, script: Script, args: Any) -> No
     (refusals.check_megatron_settings)."""
     from . import logits_free, refusals
 
-    model_class = getattr(module, script.model_class, None)
     if script.model_class == "GPTModel":  # its refusal names the megatron-core it needs
         return
+    model_class = getattr(module, script.model_class, None)
     if getattr(args, "del_logits_free", False) and model_class is not None:
         refusals.one_line(logits_free.check_model_class_supports)(model_class)
 
@@ -188,7 +188,9 @@ def _requires_provider(pretrain: Any) -> bool:
 def _model_config(module: types.ModuleType, script: Script, args: Any) -> Any:
     """The model config the script's main builds (ModelOpt's when enabled), or None where it
     builds none (pretrain_gpt.py before core 0.19)."""
-    config_from_args = getattr(module, script.config_from_args or "-", None)
+    if script.config_from_args is None:
+        return None
+    config_from_args = getattr(module, script.config_from_args, None)
     if config_from_args is None:
         return None
     modelopt = getattr(module, "has_nvidia_modelopt", False)
